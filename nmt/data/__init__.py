@@ -1,0 +1,1 @@
+"""Datasets, batching, curriculum, packing: numpy + sentencepiece; torch only where tensors are made."""

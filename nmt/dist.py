@@ -1,0 +1,157 @@
+"""Rank and world size from torchrun's environment, and collectives that are no-ops on one rank.
+
+This is the only module (with ``nmt.train.parallel``) that calls ``torch.distributed`` directly,
+so the rest of the library can be run and tested in one process without a process group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_from_environ(environ: dict[str, str] | None = None) -> DistEnv:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them; a plain run is rank 0 of 1."""
+    environ = os.environ if environ is None else environ
+    try:
+        rank = int(environ.get("RANK", "0"))
+        world_size = int(environ.get("WORLD_SIZE", "1"))
+        local_rank = int(environ.get("LOCAL_RANK", str(rank)))
+    except ValueError as error:
+        raise ValueError(f"RANK/WORLD_SIZE/LOCAL_RANK must be integers: {error}") from None
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"invalid torchrun environment: RANK={rank} WORLD_SIZE={world_size}")
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def is_initialized() -> bool:
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
+def get_rank() -> int:
+    return torch_dist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return torch_dist.get_world_size() if is_initialized() else 1
+
+
+def is_main() -> bool:
+    return get_rank() == 0
+
+
+def init_distributed(device_type: str, *, timeout_minutes: float = 30.0) -> DistEnv:
+    """Join the process group torchrun describes (gloo on CPU, NCCL on CUDA); no-op for one rank."""
+    env = env_from_environ()
+    if env.world_size > 1 and not is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        torch_dist.init_process_group(
+            backend=backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+        logger.info("joined process group: rank %d of %d (%s)", env.rank, env.world_size, backend)
+    return env
+
+
+def destroy() -> None:
+    if is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if get_world_size() > 1:
+        torch_dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks; returns the tensor for chaining."""
+    if get_world_size() > 1:
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place max over ranks; returns the tensor for chaining."""
+    if get_world_size() > 1:
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor
+
+
+def all_reduce_max_int(value: int) -> int:
+    return int(all_reduce_max(torch.tensor([value], dtype=torch.int64)).item())
+
+
+def broadcast_object(obj: object, *, src: int = 0) -> object:
+    if get_world_size() == 1:
+        return obj
+    holder = [obj]
+    torch_dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def all_gather_object(obj: object) -> list[object]:
+    if get_world_size() == 1:
+        return [obj]
+    gathered: list[object] = [None] * get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def all_gather_variable(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """All-gather 1-D (or leading-dim) tensors whose first dimension differs between ranks."""
+    world_size = get_world_size()
+    if world_size == 1:
+        return [tensor]
+    size = torch.tensor([tensor.shape[0]], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    torch_dist.all_gather(sizes, size)
+    max_size = int(max(s.item() for s in sizes))
+    padded = torch.zeros((max_size, *tensor.shape[1:]), dtype=tensor.dtype)
+    padded[: tensor.shape[0]] = tensor
+    gathered = [torch.empty_like(padded) for _ in range(world_size)]
+    torch_dist.all_gather(gathered, padded)
+    return [g[: int(s.item())] for g, s in zip(gathered, sizes)]
+
+
+def all_to_all_variable(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Send ``chunks[r]`` to rank r; return what every rank sent to this one (in rank order).
+
+    Chunk lengths may differ (all-to-all-v). Built from all-to-all of sizes then of padded
+    payloads, which gloo and NCCL both support for equal splits.
+    """
+    world_size = get_world_size()
+    if world_size == 1:
+        return [chunks[0]]
+    if len(chunks) != world_size:
+        raise ValueError(f"need one chunk per rank ({world_size}), got {len(chunks)}")
+    send_sizes = torch.tensor([c.shape[0] for c in chunks], dtype=torch.int64)
+    recv_sizes = torch.empty_like(send_sizes)
+    torch_dist.all_to_all_single(recv_sizes, send_sizes)
+    width = int(all_reduce_max(torch.tensor([int(send_sizes.max())], dtype=torch.int64)).item())
+    trailing = chunks[0].shape[1:]
+    send = torch.zeros((world_size, width, *trailing), dtype=chunks[0].dtype)
+    for r, chunk in enumerate(chunks):
+        send[r, : chunk.shape[0]] = chunk
+    recv = torch.empty_like(send)
+    torch_dist.all_to_all_single(recv, send)
+    return [recv[r, : int(recv_sizes[r])] for r in range(world_size)]
