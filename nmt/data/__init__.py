@@ -1,1 +1,6 @@
 """Datasets, batching, curriculum, packing: numpy + sentencepiece; torch only where tensors are made."""
+
+from nmt.data.corpus import ParallelCorpus, load_manifest
+from nmt.data.indexed import IndexedDataset, IndexedWriter
+from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceModel
+from nmt.data.text import DataError

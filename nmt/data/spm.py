@@ -1,0 +1,112 @@
+"""SentencePiece: training, loading, encoding, decoding. The special ids live here and only here.
+
+Convention (recorded in every manifest): source = pieces + EOS; target = pieces + EOS; the decoder
+reads BOS + target[:-1] (built at collate time), so BOS is never stored on disk.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as sentencepiece_lib
+
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+SPECIAL_IDS = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
+
+
+def train_model(
+    sentences: Iterable[str],
+    *,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    num_threads: int,
+) -> bytes:
+    """Train a SentencePiece model on ``sentences`` and return its serialized proto.
+
+    ``hard_vocab_limit=False`` lets a small corpus yield a smaller vocabulary instead of failing;
+    the real size is read back from the model and recorded.
+    """
+    model = io.BytesIO()
+    sentencepiece_lib.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        hard_vocab_limit=False,
+        num_threads=num_threads,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+class SentencePieceModel:
+    """A loaded model; checks that its special ids are the toolkit's."""
+
+    def __init__(self, proto: bytes, *, name: str = "<in memory>") -> None:
+        try:
+            self.processor = sentencepiece_lib.SentencePieceProcessor(model_proto=proto)
+        except Exception as error:  # sentencepiece raises bare RuntimeError/OSError variants
+            raise ValueError(f"{name}: not a SentencePiece model ({error})") from None
+        found = {
+            "pad": self.processor.pad_id(),
+            "bos": self.processor.bos_id(),
+            "eos": self.processor.eos_id(),
+            "unk": self.processor.unk_id(),
+        }
+        if found != SPECIAL_IDS:
+            raise ValueError(f"{name}: special ids {found} differ from the toolkit's {SPECIAL_IDS}")
+        self.proto = proto
+        self.name = name
+
+    @classmethod
+    def load(cls, path: str) -> SentencePieceModel:
+        try:
+            with open(path, "rb") as handle:
+                proto = handle.read()
+        except OSError as error:
+            raise ValueError(f"{path}: cannot read SentencePiece model: {error}") from None
+        return cls(proto, name=path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.processor.get_piece_size()
+
+    def encode(self, lines: Sequence[str], *, num_threads: int = 1) -> list[list[int]]:
+        """Piece ids without EOS. Threads are SentencePiece's own, so output is thread-count independent."""
+        return self.processor.encode(list(lines), out_type=int, num_threads=num_threads)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Text from ids; special ids (pad/bos/eos) are dropped."""
+        special = (PAD_ID, BOS_ID, EOS_ID)
+        return self.processor.decode([[int(i) for i in seq if i not in special] for seq in ids])
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits, else uint32: half the disk and page cache for usual vocabularies."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
+
+
+def ids_with_eos(ids: list[list[int]], *, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten encoded sentences, appending EOS to each: (tokens, lengths incl. EOS)."""
+    piece_counts = np.fromiter((len(seq) for seq in ids), dtype=np.int64, count=len(ids))
+    lengths = piece_counts + 1
+    tokens = np.empty(int(lengths.sum()), dtype=dtype)
+    eos_positions = np.cumsum(lengths) - 1
+    is_piece = np.ones(tokens.shape[0], dtype=bool)
+    is_piece[eos_positions] = False
+    tokens[is_piece] = np.fromiter(
+        (token for seq in ids for token in seq), dtype=np.int64, count=int(piece_counts.sum())
+    )
+    tokens[eos_positions] = EOS_ID
+    return tokens, lengths

@@ -1,0 +1,252 @@
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from nmt.config import PreprocessConfig
+from nmt.data import preprocess as preprocess_module
+from nmt.data.corpus import ParallelCorpus
+from nmt.data.preprocess import FILTER_REASONS, filter_codes, preprocess
+from nmt.data.spm import SentencePieceModel, ids_with_eos
+from nmt_cli.preprocess import main as cli_main
+
+WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman child ball".split()
+WORTE = "der die das hund katze rennt sitzt auf matte rot blau gross klein haus baum mann frau kind ball".split()
+
+
+def write_corpus(directory, name, src_lines, tgt_lines, *, src_lang="en", tgt_lang="de", ending="\n"):
+    for lang, lines in ((src_lang, src_lines), (tgt_lang, tgt_lines)):
+        with open(os.path.join(directory, f"{name}.{lang}"), "wb") as handle:
+            handle.write(ending.join(lines).encode("utf-8") + ending.encode())
+    return os.path.join(directory, name)
+
+
+def random_pairs(count, seed):
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(count):
+        n = rng.randint(3, 12)
+        picks = [rng.randrange(len(WORDS)) for _ in range(n)]
+        src.append(" ".join(WORDS[p] for p in picks))
+        tgt.append(" ".join(WORTE[p] for p in picks))
+    return src, tgt
+
+
+@pytest.fixture()
+def corpus_dir(tmp_path):
+    src, tgt = random_pairs(300, seed=0)
+    write_corpus(tmp_path, "train", src, tgt)
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1))
+    return tmp_path
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        source_lang="en",
+        target_lang="de",
+        trainpref=[str(tmp_path / "train")],
+        validpref=[str(tmp_path / "valid")],
+        destdir=str(tmp_path / "out"),
+        spm_vocab_size=60,
+        workers=1,
+    )
+    values.update(overrides)
+    return PreprocessConfig(**values)
+
+
+def run_cli(tmp_path, *extra, capsys=None):
+    argv = [
+        "--source-lang", "en", "--target-lang", "de",
+        "--trainpref", str(tmp_path / "train"), "--validpref", str(tmp_path / "valid"),
+        "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60", "--workers", "1", *extra,
+    ]
+    return cli_main(argv)
+
+
+def test_read_back_equals_reencoding_and_counts_add_up(corpus_dir):
+    manifest, _ = preprocess(config(corpus_dir))
+    out = corpus_dir / "out"
+    model = SentencePieceModel.load(str(out / manifest["spm"]["src_model"]))
+    train = ParallelCorpus(str(out), "train")
+    src_lines = (corpus_dir / "train.en").read_text().split("\n")[:-1]
+    tgt_lines = (corpus_dir / "train.de").read_text().split("\n")[:-1]
+    kept_lines = train.line_numbers.tolist()
+    expected_src, expected_src_lengths = ids_with_eos(model.encode([src_lines[i] for i in kept_lines]), dtype=np.dtype(np.uint16))
+    expected_tgt, _ = ids_with_eos(model.encode([tgt_lines[i] for i in kept_lines]), dtype=np.dtype(np.uint16))
+    assert np.array_equal(np.concatenate([train[i][0] for i in range(len(train))]), expected_src)
+    assert np.array_equal(np.concatenate([train[i][1] for i in range(len(train))]), expected_tgt)
+    assert np.array_equal(train.src_lengths, expected_src_lengths)
+
+    entry = manifest["splits"]["train"]
+    assert entry["num_samples"] + sum(entry["filtered"].values()) == entry["num_lines"] == 300
+    assert manifest["splits"]["valid"]["num_samples"] == 20
+    for name, checksum in manifest["checksums"].items():
+        assert checksum == "sha256:" + hashlib.sha256((out / name).read_bytes()).hexdigest()
+    on_disk = json.loads((out / "manifest.json").read_text())
+    assert on_disk["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
+
+
+def test_output_identical_for_any_worker_count(corpus_dir):
+    preprocess(config(corpus_dir, destdir=str(corpus_dir / "w1"), workers=1))
+    preprocess(config(corpus_dir, destdir=str(corpus_dir / "w2"), workers=2))
+    names = sorted(os.listdir(corpus_dir / "w1"))
+    assert names == sorted(os.listdir(corpus_dir / "w2"))
+    for name in names:
+        a, b = (corpus_dir / "w1" / name).read_bytes(), (corpus_dir / "w2" / name).read_bytes()
+        if name == "manifest.json":
+            a, b = (json.loads(x) for x in (a, b))
+            for m in (a, b):
+                m.pop("config")
+        assert a == b, name
+
+
+def test_separate_vocab_and_given_model(corpus_dir):
+    manifest, _ = preprocess(config(corpus_dir, separate_vocab=True))
+    assert manifest["spm"]["src_model"] == "spm.en.model" and manifest["spm"]["tgt_model"] == "spm.de.model"
+    given = str(corpus_dir / "out" / "spm.en.model")
+    again, _ = preprocess(config(corpus_dir, destdir=str(corpus_dir / "again"), spm_model=given))
+    assert again["spm"]["joint"] and again["spm"]["given_model"] == given
+
+
+def test_filter_codes_first_reason_wins():
+    src = np.array([5, 1, 3, 300, 4, 5])
+    tgt = np.array([5, 5, 1, 5, 40, 5])
+    invalid = np.array([False, False, False, False, False, True])
+    codes = filter_codes(src, tgt, invalid, min_len=1, max_len=256, max_len_ratio=3.0)
+    names = ["keep" if c < 0 else FILTER_REASONS[c] for c in codes]
+    assert names == ["keep", "blank_line", "blank_line", "too_long", "length_ratio", "invalid_utf8"]
+    assert FILTER_REASONS[filter_codes(np.array([3]), np.array([3]), np.array([False]), min_len=3, max_len=9, max_len_ratio=3)[0]] == "too_short"
+
+
+def test_blank_lines_dropped_from_train_and_kept_in_valid(tmp_path):
+    src, tgt = random_pairs(200, seed=2)
+    src[5], tgt[9] = "", "   "
+    write_corpus(tmp_path, "train", src, tgt)
+    vsrc, vtgt = random_pairs(10, seed=3)
+    vsrc[4] = ""
+    write_corpus(tmp_path, "valid", vsrc, vtgt)
+    manifest, _ = preprocess(config(tmp_path))
+    assert manifest["splits"]["train"]["filtered"]["blank_line"] == 2
+    assert 5 not in ParallelCorpus(str(tmp_path / "out"), "train").line_numbers.tolist()
+    valid = ParallelCorpus(str(tmp_path / "out"), "valid")
+    assert len(valid) == 10 and valid[4][0].tolist() == [2]  # EOS only
+
+
+def test_messy_text_windows_endings_control_chars_and_a_1mb_line(tmp_path):
+    src, tgt = random_pairs(200, seed=4)
+    src[0] = "tab\there form\x0cfeed nel\x85 ls\u2028 ctrl\x01 dog"
+    tgt[0] = "der\rhund"
+    vsrc, vtgt = random_pairs(10, seed=5)
+    vsrc[3] = "dog " * 250_000  # 1 MB
+    write_corpus(tmp_path, "train", src, tgt, ending="\r\n")
+    write_corpus(tmp_path, "valid", vsrc, vtgt)
+    manifest, _ = preprocess(config(tmp_path, max_len=40))
+    assert manifest["splits"]["train"]["num_lines"] == 200  # no line was split on \r, \x0c, \x85 or U+2028
+    valid = ParallelCorpus(str(tmp_path / "out"), "valid")
+    assert len(valid) == 10 and valid.src_lengths[3] > 100_000
+
+
+def _assert_clean_failure(tmp_path, capsys, *extra, expect):
+    code = run_cli(tmp_path, *extra)
+    err_lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code != 0
+    assert len(err_lines) == 1 and expect in err_lines[0], err_lines
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
+
+
+def test_missing_file(corpus_dir, capsys):
+    os.remove(corpus_dir / "valid.de")
+    _assert_clean_failure(corpus_dir, capsys, expect="valid.de: no such file")
+
+
+def test_line_count_mismatch(corpus_dir, capsys):
+    with open(corpus_dir / "train.de", "a") as handle:
+        handle.write("ein extra satz\n")
+    _assert_clean_failure(corpus_dir, capsys, expect="train.en has 300 lines but")
+
+
+def test_invalid_utf8_error_and_skip(corpus_dir, capsys):
+    raw = (corpus_dir / "train.en").read_bytes().split(b"\n")
+    raw[6] = b"caf\xe9 dog"
+    (corpus_dir / "train.en").write_bytes(b"\n".join(raw))
+    _assert_clean_failure(corpus_dir, capsys, expect="train.en:7: invalid UTF-8")
+    assert run_cli(corpus_dir, "--skip-invalid") == 0
+    manifest = json.loads((corpus_dir / "out" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["filtered"]["invalid_utf8"] == 1
+    assert 6 not in ParallelCorpus(str(corpus_dir / "out"), "train").line_numbers.tolist()
+
+
+def test_empty_training_set_after_filtering(corpus_dir, capsys):
+    _assert_clean_failure(corpus_dir, capsys, "--max-len", "2", "--min-len", "0", expect="training set is empty after filtering")
+
+
+def test_existing_destdir_needs_overwrite(corpus_dir, capsys):
+    (corpus_dir / "out").mkdir()
+    (corpus_dir / "out" / "keep.txt").write_text("precious")
+    assert run_cli(corpus_dir) != 0
+    assert "--overwrite" in capsys.readouterr().err
+    assert (corpus_dir / "out" / "keep.txt").read_text() == "precious"
+    assert run_cli(corpus_dir, "--overwrite") == 0
+    assert (corpus_dir / "out" / "manifest.json").exists() and not (corpus_dir / "out" / "keep.txt").exists()
+
+
+def test_bad_option_names_the_option(corpus_dir, capsys):
+    assert run_cli(corpus_dir, "--max-len-ratio", "0.5") != 0
+    assert "--max-len-ratio" in capsys.readouterr().err
+
+
+def test_failure_midway_leaves_no_dataset_and_keeps_the_old_one(corpus_dir, monkeypatch):
+    preprocess(config(corpus_dir))
+    before = (corpus_dir / "out" / "manifest.json").read_bytes()
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    original = preprocess_module._write_split
+    monkeypatch.setattr(preprocess_module, "_write_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(config(corpus_dir, overwrite=True, spm_vocab_size=50))
+    assert (corpus_dir / "out" / "manifest.json").read_bytes() == before
+    assert not [p for p in os.listdir(corpus_dir) if p.startswith(".out")]
+
+
+@pytest.mark.slow
+def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
+    src, tgt = random_pairs(60_000, seed=6)
+    write_corpus(tmp_path, "train", src, tgt)
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=7))
+    command = [
+        sys.executable, "-m", "nmt_cli.preprocess", "-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"),
+        "--validpref", str(tmp_path / "valid"), "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60", "--workers", "1",
+    ]
+    started = time.perf_counter()
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    full_run = time.perf_counter() - started
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    for fraction in (0.4, 0.7, 0.9):
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(full_run * fraction)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        out = tmp_path / "out"
+        if out.exists():  # it finished before the kill: then it must be complete and valid
+            manifest = json.loads((out / "manifest.json").read_text())
+            for name, checksum in manifest["checksums"].items():
+                assert checksum == "sha256:" + hashlib.sha256((out / name).read_bytes()).hexdigest()
+            shutil.rmtree(out)
+        # a killed run leaves at most a hidden temporary directory, never a manifest at --destdir
+        assert not (out / "manifest.json").exists()
