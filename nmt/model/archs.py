@@ -1,0 +1,68 @@
+"""Named model presets: plain functions returning a ``ModelConfig``, overridable flag by flag.
+
+The trainer calls ``ARCHS[name](src_vocab_size=..., tgt_vocab_size=..., pad_id=0, **explicit_flags)``;
+any keyword is a ``ModelConfig`` field and wins over the preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from nmt.config import ModelConfig, option_name
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def _preset(values: dict[str, Any], overrides: dict[str, Any]) -> ModelConfig:
+    unknown = sorted(set(overrides) - _FIELDS)
+    if unknown:
+        raise ValueError(f"{option_name(unknown[0])}: not a model option")
+    return ModelConfig(**{**values, **overrides})
+
+
+def _sides(**values: Any) -> dict[str, Any]:
+    """Same value for encoder and decoder: ``layers=6`` -> encoder_layers=6, decoder_layers=6."""
+    return {f"{side}_{name}": value for name, value in values.items() for side in ("encoder", "decoder")}
+
+
+def transformer_tiny(**overrides: Any) -> ModelConfig:
+    """Multi30k-sized: 3+3 layers, 256 dim, 4 heads, FFN 1024."""
+    values = _sides(layers=3, embed_dim=256, ffn_embed_dim=1024, attention_heads=4)
+    return _preset({**values, "dropout": 0.1}, overrides)
+
+
+def transformer_base(**overrides: Any) -> ModelConfig:
+    """Vaswani et al. base: 6+6 layers, 512 dim, 8 heads, FFN 2048, post-norm."""
+    values = _sides(layers=6, embed_dim=512, ffn_embed_dim=2048, attention_heads=8)
+    return _preset({**values, "dropout": 0.1}, overrides)
+
+
+def transformer_big(**overrides: Any) -> ModelConfig:
+    """Vaswani et al. big: 6+6 layers, 1024 dim, 16 heads, FFN 4096, dropout 0.3, post-norm."""
+    values = _sides(layers=6, embed_dim=1024, ffn_embed_dim=4096, attention_heads=16)
+    return _preset({**values, "dropout": 0.3}, overrides)
+
+
+def _prenorm(preset: Callable[..., ModelConfig]) -> Callable[..., ModelConfig]:
+    def prenorm(**overrides: Any) -> ModelConfig:
+        return preset(**{**_sides(normalize_before=True), **overrides})
+
+    prenorm.__name__ = f"{preset.__name__}_prenorm"
+    prenorm.__doc__ = f"{preset.__name__} with pre-norm (layer norm before each sublayer, final norm)."
+    return prenorm
+
+
+transformer_base_prenorm = _prenorm(transformer_base)
+transformer_big_prenorm = _prenorm(transformer_big)
+
+ARCHS: dict[str, Callable[..., ModelConfig]] = {
+    preset.__name__: preset
+    for preset in (
+        transformer_tiny,
+        transformer_base,
+        transformer_base_prenorm,
+        transformer_big,
+        transformer_big_prenorm,
+    )
+}

@@ -1,0 +1,281 @@
+"""One attention function over several backends, for padded and packed layouts.
+
+Layouts (``H`` heads of ``Dh`` dims):
+
+- padded: queries ``(B, T, H, Dh)``, keys/values ``(B, S, H, Dh)``, with per-sample lengths;
+- packed: queries ``(Nt, H, Dh)``, keys/values ``(Ns, H, Dh)``: the samples' tokens back to back,
+  described by a :class:`Packing` (lengths, ``cu_seqlens``, positions).
+
+Backends (``--attention``):
+
+- ``sdpa``: :func:`torch.nn.functional.scaled_dot_product_attention`. Padded: an additive float key
+  mask ``(B, 1, 1, S)`` (measured on 2 CPU cores: faster than the boolean mask, which SDPA converts
+  on every call) and ``is_causal`` for decoder self-attention. Packed: the projections and FFN stay
+  on packed tokens; queries/keys/values are gathered into a padded ``(B, T)`` view only around the
+  attention call and the result is gathered back (dense block-diagonal masks over the packed
+  sequence are ~10x slower on CPU, nested tensors fall back to a slow path without causal masks).
+- ``xformers`` (CUDA only): ``xformers.ops.memory_efficient_attention``. Padded: a float bias of the
+  exact ``(B, H, T, S)`` shape, expanded from aligned storage, or ``LowerTriangularMask``; packed
+  (batch dimension 1): ``BlockDiagonalMask`` / ``BlockDiagonalCausalMask`` built once per batch.
+- ``varlen`` (CUDA only): ``torch.nn.attention.varlen.varlen_attn`` on the packed layout
+  (``window_size=(-1, 0)`` is causal). It has no dropout argument. Padded batches (and incremental
+  decoding) use ``sdpa``.
+- ``auto``: ``xformers`` on CUDA when xFormers imports and runs, else ``sdpa``.
+
+Fully padded rows (length-0 samples) would make a softmax over no keys: every key mask lets a
+length-0 sample see its first key slot, so outputs and gradients stay finite (those rows carry no
+loss, so the value they read does not matter).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "xformers", "sdpa", "varlen")
+
+
+@functools.cache
+def _xformers_problem() -> str | None:
+    """Why xFormers cannot run here (None when it can); imported lazily, only when CUDA is up."""
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    try:
+        import xformers.ops as xops
+
+        # Importing is not enough: a wheel built for another torch/CUDA fails only when called.
+        probe = torch.zeros(1, 8, 1, 16, device="cuda", dtype=torch.float16)
+        xops.memory_efficient_attention(probe, probe, probe)
+    except Exception as error:  # any failure means "not usable", reported to the user verbatim
+        return f"xFormers is not usable ({type(error).__name__}: {error})"
+    return None
+
+
+@functools.cache
+def resolve_backend(name: str, *, device_type: str, attention_dropout: float = 0.0) -> str:
+    """The backend that runs for ``--attention name`` on ``device_type``; logs the choice once.
+
+    Raises ValueError when an explicitly requested backend cannot run here (never falls back).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"--attention: must be one of {', '.join(BACKENDS)}, got {name!r}")
+    on_cuda = device_type == "cuda"
+    if name == "auto":
+        chosen = "xformers" if on_cuda and _xformers_problem() is None else "sdpa"
+    elif name == "xformers":
+        problem = "the model is not on a CUDA device" if not on_cuda else _xformers_problem()
+        if problem is not None:
+            raise ValueError(f"--attention xformers cannot run: {problem}; use --attention sdpa")
+        chosen = name
+    elif name == "varlen":
+        if not on_cuda:
+            raise ValueError("--attention varlen needs a CUDA device (Flash Attention); use --attention sdpa")
+        if attention_dropout > 0.0:
+            raise ValueError("--attention varlen has no attention dropout; set --attention-dropout 0")
+        chosen = name
+    else:
+        chosen = name
+    logger.info("attention backend: %s (--attention %s, device %s)", chosen, name, device_type)
+    return chosen
+
+
+@dataclass
+class Packing:
+    """Where the tokens of each sample lie in a packed sequence, and the padded view of it.
+
+    ``pad`` gathers packed rows ``(N, ...)`` into a padded ``(B, T, ...)`` view (slots past a
+    sample's length hold a copy of token 0: mask them) and ``unpad`` gathers back. Both are single
+    ``index_select`` calls whose backward is one ``index_add``.
+    """
+
+    lengths: torch.Tensor  # (B,) int64
+    cu_seqlens: torch.Tensor  # (B+1,) int32, starts of the samples and the total
+    positions: torch.Tensor  # (N,) int64, position of each token within its sample
+    max_len: int  # T of the padded view
+    gather_index: torch.Tensor  # (B*T,) int64, packed row of each padded slot (0 for padding)
+    scatter_index: torch.Tensor  # (N,) int64, padded slot b*T+t of each packed token
+
+    @classmethod
+    def from_lengths(
+        cls, lengths: torch.Tensor, *, num_tokens: int, cu_seqlens: torch.Tensor | None = None
+    ) -> Packing:
+        """Build from per-sample lengths (B,); ``cu_seqlens`` (B+1,) is derived when not given."""
+        lengths = lengths.long()
+        if cu_seqlens is None:
+            cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).int()
+        # One host sync for both numbers (the padded width and the consistency check).
+        max_len, total = torch.stack([lengths.max(), lengths.sum()]).tolist()
+        if total != num_tokens:
+            raise ValueError(f"packed batch has {num_tokens} tokens but its lengths sum to {total}")
+        starts = cu_seqlens[:-1].long()  # (B,)
+        slots = torch.arange(max_len, device=lengths.device)  # (T,)
+        valid = slots < lengths[:, None]  # (B, T)
+        gather_index = torch.where(valid, starts[:, None] + slots, 0).reshape(-1)  # (B*T,)
+        sample_of_token = torch.repeat_interleave(
+            torch.arange(lengths.shape[0], device=lengths.device), lengths, output_size=num_tokens
+        )  # (N,)
+        positions = torch.arange(num_tokens, device=lengths.device) - starts[sample_of_token]  # (N,)
+        scatter_index = sample_of_token * max_len + positions  # (N,)
+        return cls(lengths, cu_seqlens, positions, max_len, gather_index, scatter_index)
+
+    @property
+    def num_samples(self) -> int:
+        return self.lengths.shape[0]
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...); padding slots hold arbitrary (copied) rows."""
+        return x.index_select(0, self.gather_index).view(self.num_samples, self.max_len, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...)."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.scatter_index)
+
+
+def unpack(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Packed rows (N, ...) of samples with ``lengths`` (B,) -> padded (B, T, ...), zeros as padding."""
+    packing = Packing.from_lengths(lengths, num_tokens=x.shape[0])
+    valid = torch.arange(packing.max_len, device=x.device) < packing.lengths[:, None]  # (B, T)
+    return packing.pad(x).masked_fill(~valid.view(*valid.shape, *(1,) * (x.dim() - 1)), 0)  # (B, T, ...)
+
+
+@dataclass
+class AttentionMask:
+    """Which keys each query sees in one kind of attention of one batch.
+
+    Built once per batch (encoder self, decoder self, cross) and reused by every layer; the
+    backend-specific forms (float masks, xFormers biases) are made on first use and cached.
+
+    ``key_lengths`` None means every key is valid (incremental decoding self-attention).
+    ``q_packing``/``kv_packing`` are set for the packed layout.
+    """
+
+    backend: str
+    causal: bool = False
+    key_lengths: torch.Tensor | None = None  # (B,) int64
+    q_packing: Packing | None = None
+    kv_packing: Packing | None = None
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def packed(self) -> bool:
+        return self.q_packing is not None
+
+    def index_select(self, index: torch.Tensor) -> AttentionMask:
+        """Reorder/expand the batch of a padded mask (beam search)."""
+        assert not self.packed, "incremental decoding runs on the padded layout"
+        lengths = None if self.key_lengths is None else self.key_lengths.index_select(0, index)
+        return AttentionMask(self.backend, causal=self.causal, key_lengths=lengths)
+
+    def _key_valid(self, num_keys: int) -> torch.Tensor:
+        """(B, S) bool; a length-0 sample keeps its first slot so no softmax row is empty."""
+        assert self.key_lengths is not None
+        slots = torch.arange(num_keys, device=self.key_lengths.device)
+        return slots < self.key_lengths.clamp(min=1)[:, None]
+
+    def sdpa_mask(self, *, num_keys: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive float key mask (B, 1, 1, S) in the query dtype, or None when none is needed."""
+        if self.causal or self.key_lengths is None:
+            return None
+        key = ("sdpa", num_keys, dtype)
+        if key not in self._cache:
+            valid = self._key_valid(num_keys)[:, None, None, :]  # (B, 1, 1, S)
+            self._cache[key] = torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(
+                ~valid, float("-inf")
+            )
+        return self._cache[key]
+
+    def xformers_bias(self, *, num_heads: int, num_queries: int, num_keys: int, dtype: torch.dtype) -> Any:
+        """The ``attn_bias`` for ``memory_efficient_attention`` (xformers imported by the caller)."""
+        from xformers.ops import fmha
+
+        key = ("xformers", num_heads, num_queries, num_keys, dtype)
+        if key in self._cache:
+            return self._cache[key]
+        if self.packed:
+            assert self.kv_packing is not None
+            q_lens = self.q_packing.lengths.tolist()
+            device = self.q_packing.lengths.device
+            if self.causal:
+                bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(q_lens, device=device)
+            else:
+                kv_lens = self.kv_packing.lengths.tolist()
+                bias = fmha.attn_bias.BlockDiagonalMask.from_seqlens(q_lens, kv_lens, device=device)
+        elif self.causal:
+            bias = fmha.attn_bias.LowerTriangularMask()
+        elif self.key_lengths is None:
+            bias = None
+        else:
+            # xFormers wants the exact (B, H, T, S) shape, and every stride but the last a multiple
+            # of 16 bytes: slice the key axis out of storage rounded up to 8, expand the rest.
+            valid = self._key_valid(num_keys)  # (B, S)
+            aligned = 8 * math.ceil(num_keys / 8)
+            storage = torch.zeros(valid.shape[0], 1, 1, aligned, dtype=dtype, device=valid.device)
+            bias = storage[..., :num_keys]
+            bias.masked_fill_(~valid[:, None, None, :], float("-inf"))
+            bias = bias.expand(valid.shape[0], num_heads, num_queries, num_keys)
+        self._cache[key] = bias
+        return bias
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+    """Scaled dot-product attention; output has the layout and shape of ``q``.
+
+    q: (B, T, H, Dh) padded or (Nt, H, Dh) packed; k, v: (B, S, H, Dh) or (Ns, H, Dh).
+    """
+    if mask.backend == "xformers":
+        return _xformers(q, k, v, mask, dropout_p=dropout_p)
+    if mask.packed:
+        if mask.backend == "varlen":
+            return _varlen(q, k, v, mask)
+        assert mask.q_packing is not None and mask.kv_packing is not None
+        out = _sdpa(mask.q_packing.pad(q), mask.kv_packing.pad(k), mask.kv_packing.pad(v), mask, dropout_p=dropout_p)
+        return mask.q_packing.unpad(out)  # (Nt, H, Dh)
+    return _sdpa(q, k, v, mask, dropout_p=dropout_p)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+    """Padded SDPA: (B, T, H, Dh) x (B, S, H, Dh) -> (B, T, H, Dh)."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),  # (B, H, T, Dh)
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask.sdpa_mask(num_keys=k.shape[1], dtype=q.dtype),
+        dropout_p=dropout_p,
+        is_causal=mask.causal,
+    )  # (B, H, T, Dh)
+    return out.transpose(1, 2)
+
+
+def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+    import xformers.ops as xops
+
+    # xFormers takes (batch, tokens, heads, head dim): the padded layout as is, packed as batch 1.
+    if mask.packed:
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    bias = mask.xformers_bias(num_heads=q.shape[2], num_queries=q.shape[1], num_keys=k.shape[1], dtype=q.dtype)
+    out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, p=dropout_p)
+    return out.squeeze(0) if mask.packed else out
+
+
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    assert mask.q_packing is not None and mask.kv_packing is not None
+    return varlen_attn(
+        q,
+        k,
+        v,
+        mask.q_packing.cu_seqlens,
+        mask.kv_packing.cu_seqlens,
+        mask.q_packing.max_len,
+        mask.kv_packing.max_len,
+        window_size=(-1, 0) if mask.causal else (-1, -1),
+    )

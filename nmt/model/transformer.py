@@ -1,0 +1,440 @@
+"""Encoder-decoder transformer ("Attention is all you need") with fairseq's knobs.
+
+Token conventions (``cfg.pad_id`` is all the model needs): source = pieces + EOS, decoder input
+``prev_output_tokens`` = BOS + target[:-1], target = pieces + EOS.
+
+Two layouts share every weight and give the same results (to float tolerance):
+
+- padded: ``src_tokens (B, S)``, ``prev_output_tokens (B, T)`` with lengths ``(B,)``;
+- packed: ``src_tokens (Ns,)``, ``prev_output_tokens (Nt,)``, samples back to back, with lengths
+  ``(B,)`` and optionally ``cu_seqlens (B+1,)`` int32 and positions ``(N,)`` restarting at 0 per
+  sample (derived from the lengths when not given). :func:`nmt.model.unpack` restores the padded view
+  of a packed output.
+
+The forward returns the final decoder states (after the final layer norm when pre-norm); the
+vocabulary projection is the separate ``model.output_projection`` so a trainer can project only the
+real target positions.
+
+Incremental decoding (beam search)::
+
+    enc = model.encode(src_tokens, src_lengths)          # padded
+    state = model.init_decoder_state(enc)                # cross-attention keys/values, once
+    state.reorder(torch.arange(B).repeat_interleave(beam))   # expand to B*beam rows
+    logits = model.decode_step(tokens, state)            # (B*beam,) -> (B*beam, V); state advances
+    state.reorder(index)                                 # after choosing the surviving beams
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.config import ModelConfig
+from nmt.model.attention import AttentionMask, Packing, attention, resolve_backend
+
+
+def _embedding(num_embeddings: int, dim: int, *, pad_id: int) -> nn.Embedding:
+    """fairseq's init: N(0, dim^-0.5), padding row zero (and kept zero: no gradient)."""
+    embedding = nn.Embedding(num_embeddings, dim, padding_idx=pad_id)
+    nn.init.normal_(embedding.weight, mean=0.0, std=dim**-0.5)
+    with torch.no_grad():
+        embedding.weight[pad_id].zero_()
+    return embedding
+
+
+def _linear(in_dim: int, out_dim: int, *, num_chunks: int = 1, gain: float = 1.0) -> nn.Linear:
+    """Xavier-uniform weight (per chunk, so a fused projection inits like its separate parts), zero bias."""
+    linear = nn.Linear(in_dim, out_dim)
+    for chunk in linear.weight.detach().chunk(num_chunks, dim=0):
+        nn.init.xavier_uniform_(chunk, gain=gain)
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """fairseq's sinusoids: (num_positions, dim), sines in the first half, cosines in the second."""
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1)))
+    angles = torch.arange(num_positions, dtype=torch.float)[:, None] * freqs[None, :]  # (P, half)
+    table = torch.cat([angles.sin(), angles.cos()], dim=1)
+    return F.pad(table, (0, dim - 2 * half))  # an odd dim gets a zero column
+
+
+class Embedder(nn.Module):
+    """Scaled token embeddings + positional embeddings + dropout."""
+
+    def __init__(
+        self, tokens: nn.Embedding, *, max_positions: int, learned_pos: bool, scale: bool, dropout: float
+    ) -> None:
+        super().__init__()
+        dim = tokens.embedding_dim
+        self.tokens = tokens
+        self.scale = math.sqrt(dim) if scale else 1.0
+        self.dropout = dropout
+        if learned_pos:
+            self.positions = nn.Parameter(torch.randn(max_positions, dim) * dim**-0.5)
+        else:
+            # Not persistent: rebuilt from the config, so checkpoints carry no constant tables.
+            self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) or (N,); positions (T,) broadcast over the batch, or (N,) -> (..., D)."""
+        x = self.tokens(tokens) * self.scale + F.embedding(positions, self.positions)
+        return F.dropout(x, self.dropout, self.training)
+
+
+class _Attention(nn.Module):
+    """What self- and cross-attention share: heads, the attention call, the output projection."""
+
+    def __init__(self, dim: int, num_heads: int, *, dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.dropout = dropout
+        self.out_proj = _linear(dim, dim)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        """q (..., H, Dh), k/v (..., H, Dh) -> (..., D)."""
+        out = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(out.flatten(-2))
+
+
+@dataclass
+class KVCache:
+    """Self-attention keys/values of the decoded prefix: (B, t, H, Dh) each."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add one step (B, 1, H, Dh); returns the whole prefix."""
+        self.keys = torch.cat([self.keys, k], dim=1)
+        self.values = torch.cat([self.values, v], dim=1)
+        return self.keys, self.values
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.keys = self.keys.index_select(0, index)
+        self.values = self.values.index_select(0, index)
+
+
+class SelfAttention(_Attention):
+    """Self-attention with one fused QKV projection (one GEMM instead of three)."""
+
+    def __init__(self, dim: int, num_heads: int, *, dropout: float) -> None:
+        super().__init__(dim, num_heads, dropout=dropout)
+        # fairseq scales q/k/v init by 1/sqrt(2) when they share the input dim.
+        self.qkv_proj = _linear(dim, 3 * dim, num_chunks=3, gain=2**-0.5)
+
+    def forward(self, x: torch.Tensor, mask: AttentionMask, *, cache: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, D) or (N, D); with ``cache``, x is one step (B, 1, D) and the cache grows."""
+        qkv = self.qkv_proj(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # (..., 3, H, Dh)
+        q, k, v = qkv.unbind(-3)  # (..., H, Dh) each
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return self._attend(q, k, v, mask)
+
+
+class CrossAttention(_Attention):
+    """Decoder-to-encoder attention; keys/values come from ``project_kv`` (once per batch)."""
+
+    def __init__(self, dim: int, num_heads: int, *, encoder_dim: int, dropout: float) -> None:
+        super().__init__(dim, num_heads, dropout=dropout)
+        gain = 2**-0.5 if encoder_dim == dim else 1.0  # fairseq's rule (qkv_same_dim)
+        self.q_proj = _linear(dim, dim, gain=gain)
+        self.kv_proj = _linear(encoder_dim, 2 * dim, num_chunks=2, gain=gain)
+
+    def project_kv(self, encoder_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S, De) or (Ns, De) -> keys, values (..., H, Dh)."""
+        kv = self.kv_proj(encoder_out).unflatten(-1, (2, self.num_heads, self.head_dim))
+        k, v = kv.unbind(-3)
+        return k, v
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (..., H, Dh)
+        return self._attend(q, k, v, mask)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int, *, activation_fn: str, activation_dropout: float) -> None:
+        super().__init__()
+        self.fc1 = _linear(dim, ffn_dim)
+        self.fc2 = _linear(ffn_dim, dim)
+        self.activation = F.relu if activation_fn == "relu" else F.gelu
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = F.dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
+        return self.fc2(hidden)
+
+
+class Residual(nn.Module):
+    """A sublayer with its residual connection, dropout and layer norm (pre- or post-norm)."""
+
+    def __init__(self, dim: int, *, normalize_before: bool, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.normalize_before = normalize_before
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if self.normalize_before:
+            return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        dim = cfg.encoder_embed_dim
+        residual = dict(normalize_before=cfg.encoder_normalize_before, dropout=cfg.dropout)
+        self.self_attn = SelfAttention(dim, cfg.encoder_attention_heads, dropout=cfg.attention_dropout)
+        self.self_attn_block = Residual(dim, **residual)
+        self.ffn = FeedForward(
+            dim, cfg.encoder_ffn_embed_dim, activation_fn=cfg.activation_fn, activation_dropout=cfg.activation_dropout
+        )
+        self.ffn_block = Residual(dim, **residual)
+
+    def forward(self, x: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, mask))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        dim = cfg.decoder_embed_dim
+        heads = cfg.decoder_attention_heads
+        residual = dict(normalize_before=cfg.decoder_normalize_before, dropout=cfg.dropout)
+        self.self_attn = SelfAttention(dim, heads, dropout=cfg.attention_dropout)
+        self.self_attn_block = Residual(dim, **residual)
+        self.cross_attn = CrossAttention(
+            dim, heads, encoder_dim=cfg.encoder_embed_dim, dropout=cfg.attention_dropout
+        )
+        self.cross_attn_block = Residual(dim, **residual)
+        self.ffn = FeedForward(
+            dim, cfg.decoder_ffn_embed_dim, activation_fn=cfg.activation_fn, activation_dropout=cfg.activation_dropout
+        )
+        self.ffn_block = Residual(dim, **residual)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        self_mask: AttentionMask,
+        cross_kv: tuple[torch.Tensor, torch.Tensor],
+        cross_mask: AttentionMask,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, self_mask, cache=cache))
+        x = self.cross_attn_block(x, lambda h: self.cross_attn(h, *cross_kv, cross_mask))
+        return self.ffn_block(x, self.ffn)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed = Embedder(
+            tokens,
+            max_positions=cfg.max_source_positions,
+            learned_pos=cfg.encoder_learned_pos,
+            scale=not cfg.no_scale_embedding,
+            dropout=cfg.dropout,
+        )
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.encoder_embed_dim) if cfg.encoder_normalize_before else None
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        """tokens (B, S) or (Ns,) -> encoder states (B, S, De) or (Ns, De)."""
+        x = self.embed(tokens, positions)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed = Embedder(
+            tokens,
+            max_positions=cfg.max_target_positions,
+            learned_pos=cfg.decoder_learned_pos,
+            scale=not cfg.no_scale_embedding,
+            dropout=cfg.dropout,
+        )
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.decoder_embed_dim) if cfg.decoder_normalize_before else None
+
+    def project_cross_kv(self, encoder_out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's cross-attention keys/values (..., H, Dh) from the encoder states."""
+        return [layer.cross_attn.project_kv(encoder_out) for layer in self.layers]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        self_mask: AttentionMask,
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        cross_mask: AttentionMask,
+        caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """tokens (B, T) or (Nt,) -> decoder states (B, T, D) or (Nt, D)."""
+        x = self.embed(tokens, positions)
+        for index, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[index]
+            x = layer(x, self_mask=self_mask, cross_kv=cross_kv[index], cross_mask=cross_mask, cache=cache)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+@dataclass
+class EncoderOut:
+    """Padded encoder output for incremental decoding."""
+
+    states: torch.Tensor  # (B, S, De)
+    mask: AttentionMask  # source key mask (B rows)
+
+    def index_select(self, index: torch.Tensor) -> EncoderOut:
+        """Reorder/expand the batch: index (B',) of rows."""
+        return EncoderOut(self.states.index_select(0, index), self.mask.index_select(index))
+
+    def repeat_interleave(self, num_repeats: int) -> EncoderOut:
+        """Each sample ``num_repeats`` times in a row (beams of one sentence are adjacent)."""
+        rows = torch.arange(self.states.shape[0], device=self.states.device)
+        return self.index_select(rows.repeat_interleave(num_repeats))
+
+
+@dataclass
+class DecoderState:
+    """Everything a decoding step needs; ``reorder`` keeps all of it aligned with the beams."""
+
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (B, S, H, Dh) each
+    cross_mask: AttentionMask
+    self_caches: list[KVCache]  # per layer
+    self_mask: AttentionMask  # all cached keys are visible to the one new query
+    num_steps: int = 0
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select/expand batch rows in place (``index_select`` over batch*beam on every cache)."""
+        self.cross_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv]
+        self.cross_mask = self.cross_mask.index_select(index)
+        for cache in self.self_caches:
+            cache.reorder(index)
+
+
+class TransformerModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        encoder_tokens = _embedding(cfg.src_vocab_size, cfg.encoder_embed_dim, pad_id=cfg.pad_id)
+        decoder_tokens = (
+            encoder_tokens
+            if cfg.share_all_embeddings
+            else _embedding(cfg.tgt_vocab_size, cfg.decoder_embed_dim, pad_id=cfg.pad_id)
+        )
+        self.encoder = Encoder(cfg, encoder_tokens)
+        self.decoder = Decoder(cfg, decoder_tokens)
+        self.output_projection = nn.Linear(cfg.decoder_embed_dim, cfg.tgt_vocab_size, bias=False)
+        if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
+            self.output_projection.weight = decoder_tokens.weight
+        else:
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=cfg.decoder_embed_dim**-0.5)
+
+    def backend(self, device: torch.device) -> str:
+        """The attention backend that runs on ``device`` (resolved and logged once)."""
+        return resolve_backend(
+            self.cfg.attention, device_type=device.type, attention_dropout=self.cfg.attention_dropout
+        )
+
+    def forward(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        prev_output_tokens: torch.Tensor,
+        tgt_lengths: torch.Tensor,
+        *,
+        packed: bool = False,
+        src_positions: torch.Tensor | None = None,
+        tgt_positions: torch.Tensor | None = None,
+        src_cu_seqlens: torch.Tensor | None = None,
+        tgt_cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced decoder states.
+
+        Padded: src_tokens (B, S), prev_output_tokens (B, T), lengths (B,) -> (B, T, D); positions
+        and cu_seqlens are not used (decoder self-attention is causal, so only the source lengths
+        matter). Packed: src_tokens (Ns,), prev_output_tokens (Nt,), lengths (B,) -> (Nt, D).
+        Length-0 samples are allowed (finite outputs, zero gradient from them).
+        """
+        backend = self.backend(src_tokens.device)
+        if not packed:
+            encoder_out = self.encode(src_tokens, src_lengths)
+            positions = torch.arange(prev_output_tokens.shape[1], device=prev_output_tokens.device)  # (T,)
+            return self.decoder(
+                prev_output_tokens,
+                positions,
+                self_mask=AttentionMask(backend, causal=True),
+                cross_kv=self.decoder.project_cross_kv(encoder_out.states),
+                cross_mask=encoder_out.mask,
+            )
+        src = Packing.from_lengths(src_lengths, num_tokens=src_tokens.shape[0], cu_seqlens=src_cu_seqlens)
+        tgt = Packing.from_lengths(tgt_lengths, num_tokens=prev_output_tokens.shape[0], cu_seqlens=tgt_cu_seqlens)
+        encoder_states = self.encoder(
+            src_tokens,
+            src.positions if src_positions is None else src_positions,
+            AttentionMask(backend, key_lengths=src.lengths, q_packing=src, kv_packing=src),
+        )  # (Ns, De)
+        return self.decoder(
+            prev_output_tokens,
+            tgt.positions if tgt_positions is None else tgt_positions,
+            self_mask=AttentionMask(backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt),
+            cross_kv=self.decoder.project_cross_kv(encoder_states),
+            cross_mask=AttentionMask(backend, key_lengths=src.lengths, q_packing=tgt, kv_packing=src),
+        )  # (Nt, D)
+
+    def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
+        """Padded source (B, S), lengths (B,) -> encoder states and the source key mask."""
+        mask = AttentionMask(self.backend(src_tokens.device), key_lengths=src_lengths)
+        positions = torch.arange(src_tokens.shape[1], device=src_tokens.device)  # (S,)
+        return EncoderOut(self.encoder(src_tokens, positions, mask), mask)
+
+    def init_decoder_state(self, encoder_out: EncoderOut) -> DecoderState:
+        """Start incremental decoding: cross-attention keys/values computed once here."""
+        states = encoder_out.states
+        num_samples = states.shape[0]
+        caches = [
+            KVCache(
+                states.new_empty(num_samples, 0, layer.self_attn.num_heads, layer.self_attn.head_dim),
+                states.new_empty(num_samples, 0, layer.self_attn.num_heads, layer.self_attn.head_dim),
+            )
+            for layer in self.decoder.layers
+        ]
+        return DecoderState(
+            cross_kv=self.decoder.project_cross_kv(states),
+            cross_mask=encoder_out.mask,
+            self_caches=caches,
+            self_mask=AttentionMask(encoder_out.mask.backend),
+        )
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """Next-token logits (B, V) after feeding ``tokens`` (B,) at the current step; advances ``state``."""
+        positions = torch.full((1,), state.num_steps, dtype=torch.long, device=tokens.device)  # (1,)
+        hidden = self.decoder(
+            tokens[:, None],
+            positions,
+            self_mask=state.self_mask,
+            cross_kv=state.cross_kv,
+            cross_mask=state.cross_mask,
+            caches=state.self_caches,
+        )  # (B, 1, D)
+        state.num_steps += 1
+        return self.output_projection(hidden[:, 0])
+
+
+def build_model(cfg: ModelConfig) -> TransformerModel:
+    """The model for ``cfg`` (weights initialised as fairseq does)."""
+    return TransformerModel(cfg)
