@@ -158,3 +158,118 @@ class ModelConfig:
                 "share_all_embeddings",
                 "needs --encoder-embed-dim == --decoder-embed-dim",
             )
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``nmt-train`` needs besides the model; fairseq's flag names where it has them."""
+
+    data_dir: str
+    save_dir: str = "checkpoints"
+    arch: str = "transformer_tiny"
+    train_subset: str = "train"
+    valid_subset: str = "valid"
+    # batching
+    max_tokens: int = 4096
+    max_sentences: int | None = None
+    update_freq: int = 1
+    batch_noise: float = 0.1
+    noise_mode: str = "ties"
+    layout: str = "padded"  # padded | packed
+    max_tokens_per_microbatch: int | None = None
+    curriculum: str | None = None  # None | "length" | "file:PATH"
+    curriculum_epochs: int = 0
+    competence_updates: int = 0  # > 0: square-root competence reaching 1 at this update
+    competence_initial: float = 0.1
+    num_workers: int = 0
+    # optimisation
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.1
+    lr_scheduler: str = "inverse_sqrt"  # inverse_sqrt | fixed | cosine
+    warmup_updates: int = 1000
+    warmup_init_lr: float = 1e-7
+    min_lr: float = 0.0
+    lr_scaling: str = "none"  # none | linear | sqrt
+    lr_scaling_reference: float = 0.0  # 0: the first update's batch size
+    lr_scaling_by: str = "tokens"  # sentences | tokens
+    max_consecutive_nonfinite: int = 5
+    # precision / compilation / device
+    bf16: bool = False
+    fp16: bool = False
+    compile: bool = False
+    length_multiple: int = 8  # bucket granularity of padded lengths under --compile
+    device: str = "auto"  # auto | cpu | cuda
+    # stopping
+    max_update: int = 0
+    max_epoch: int = 0
+    stop_time_hours: float = 0.0
+    patience: int = -1
+    seed: int = 1
+    # checkpoints, validation, logging
+    save_interval_updates: int = 0
+    no_epoch_checkpoints: bool = False
+    keep_last: int = -1  # -1: keep every numbered checkpoint
+    validate_interval_updates: int = 0
+    eval_bleu: bool = False
+    eval_bleu_beam: int = 1
+    best_checkpoint_metric: str = "loss"  # loss | bleu
+    tensorboard_logdir: str | None = None
+    log_interval: int = 10
+    log_format: str = "simple"  # simple | json
+    log_all_ranks: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens > 0, "max_tokens", f"must be positive, got {self.max_tokens}")
+        _require(self.max_sentences is None or self.max_sentences > 0, "max_sentences", "must be positive")
+        _require(self.update_freq >= 1, "update_freq", f"must be >= 1, got {self.update_freq}")
+        _require(self.batch_noise >= 0, "batch_noise", f"must be >= 0, got {self.batch_noise}")
+        _require(self.noise_mode in ("ties", "length"), "noise_mode", f"must be ties or length, got {self.noise_mode!r}")
+        _require(self.layout in ("padded", "packed"), "layout", f"must be padded or packed, got {self.layout!r}")
+        _require(
+            self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch > 0,
+            "max_tokens_per_microbatch",
+            "must be positive",
+        )
+        _require(
+            self.curriculum in (None, "length") or (self.curriculum or "").startswith("file:"),
+            "curriculum",
+            f"must be length or file:PATH, got {self.curriculum!r}",
+        )
+        _require(self.curriculum_epochs >= 0, "curriculum_epochs", "must be >= 0")
+        _require(self.competence_updates >= 0, "competence_updates", "must be >= 0")
+        _require(0 < self.competence_initial <= 1, "competence_initial", "must be in (0, 1]")
+        _require(self.num_workers >= 0, "num_workers", "must be >= 0")
+        _require(self.optimizer == "adam", "optimizer", f"only adam is available, got {self.optimizer!r}")
+        _require(self.lr > 0, "lr", f"must be positive, got {self.lr}")
+        _require(all(0 <= b < 1 for b in self.adam_betas) and len(self.adam_betas) == 2, "adam_betas", "two values in [0, 1)")
+        _require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        _require(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 disables clipping)")
+        _require(0 <= self.label_smoothing < 1, "label_smoothing", "must be in [0, 1)")
+        _require(
+            self.lr_scheduler in ("inverse_sqrt", "fixed", "cosine"),
+            "lr_scheduler",
+            f"must be inverse_sqrt, fixed or cosine, got {self.lr_scheduler!r}",
+        )
+        _require(self.warmup_updates >= 0, "warmup_updates", "must be >= 0")
+        _require(self.lr_scheduler != "cosine" or self.max_update > 0, "lr_scheduler", "cosine needs --max-update")
+        _require(self.lr_scaling in ("none", "linear", "sqrt"), "lr_scaling", f"must be none, linear or sqrt, got {self.lr_scaling!r}")
+        _require(self.lr_scaling_reference >= 0, "lr_scaling_reference", "must be >= 0")
+        _require(self.lr_scaling_by in ("sentences", "tokens"), "lr_scaling_by", "must be sentences or tokens")
+        _require(self.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "must be >= 1")
+        _require(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
+        _require(self.length_multiple >= 1, "length_multiple", "must be >= 1")
+        _require(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
+        for name in ("max_update", "max_epoch", "save_interval_updates", "validate_interval_updates"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(self.stop_time_hours >= 0, "stop_time_hours", "must be >= 0")
+        _require(self.keep_last == -1 or self.keep_last >= 1, "keep_last", "must be -1 (keep all) or >= 1")
+        _require(self.eval_bleu_beam >= 1, "eval_bleu_beam", "must be >= 1")
+        _require(self.best_checkpoint_metric in ("loss", "bleu"), "best_checkpoint_metric", "must be loss or bleu")
+        _require(self.best_checkpoint_metric != "bleu" or self.eval_bleu, "best_checkpoint_metric", "bleu needs --eval-bleu")
+        _require(self.log_interval >= 1, "log_interval", "must be >= 1")
+        _require(self.log_format in ("simple", "json"), "log_format", "must be simple or json")
