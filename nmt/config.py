@@ -273,3 +273,43 @@ class TrainConfig:
         _require(self.best_checkpoint_metric != "bleu" or self.eval_bleu, "best_checkpoint_metric", "bleu needs --eval-bleu")
         _require(self.log_interval >= 1, "log_interval", "must be >= 1")
         _require(self.log_format in ("simple", "json"), "log_format", "must be simple or json")
+
+
+@dataclass
+class EvalConfig:
+    """How to decode (fairseq-generate's flag names); the data, checkpoint and file options stay in the CLI."""
+
+    beam: int = 5
+    nbest: int = 1
+    lenpen: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    min_len: int = 1  # fairseq's default: EOS is not allowed as the first token (no empty output)
+    no_repeat_ngram_size: int = 0
+    sampling: bool = False
+    temperature: float = 1.0
+    topk: int = 0  # 0: sample from the whole vocabulary
+    topp: float = 1.0  # 1.0: no nucleus truncation
+    seed: int = 1
+    batch_size: int | None = None  # sentences per batch; 64 when neither this nor max_tokens is given
+    max_tokens: int | None = None  # source tokens per batch, padding included
+    buffer_size: int = 4096  # raw-text lines read, translated and written at a time (bounded memory)
+
+    def __post_init__(self) -> None:
+        if self.batch_size is None and self.max_tokens is None:
+            self.batch_size = 64
+        _require(self.beam >= 1, "beam", f"must be >= 1, got {self.beam}")
+        _require(1 <= self.nbest <= self.beam, "nbest", f"must be in [1, --beam={self.beam}], got {self.nbest}")
+        _require(self.max_len_a >= 0, "max_len_a", f"must be >= 0, got {self.max_len_a}")
+        _require(self.max_len_b >= 0, "max_len_b", f"must be >= 0, got {self.max_len_b}")
+        _require(self.min_len >= 0, "min_len", f"must be >= 0, got {self.min_len}")
+        _require(self.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", f"must be >= 0, got {self.no_repeat_ngram_size}")
+        _require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        _require(self.topk >= 0, "topk", f"must be >= 0, got {self.topk}")
+        _require(0.0 < self.topp <= 1.0, "topp", f"must be in (0, 1], got {self.topp}")
+        if not self.sampling:
+            for name, default in (("temperature", 1.0), ("topk", 0), ("topp", 1.0)):
+                _require(getattr(self, name) == default, name, "only applies with --sampling")
+        _require(self.batch_size is None or self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        _require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
+        _require(self.buffer_size >= 1, "buffer_size", f"must be >= 1, got {self.buffer_size}")
