@@ -155,3 +155,38 @@ def all_to_all_variable(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
     recv = torch.empty_like(send)
     torch_dist.all_to_all_single(recv, send)
     return [recv[r, : int(recv_sizes[r])] for r in range(world_size)]
+
+
+def world_size_in(group: object = None) -> int:
+    """Size of ``group`` (None: the default group); 1 without a process group."""
+    return torch_dist.get_world_size(group) if is_initialized() else 1
+
+
+def all_gather_equal(tensor: torch.Tensor, *, group: object = None) -> list[torch.Tensor]:
+    """All-gather a tensor of the same shape on every rank of ``group``; [tensor] on one rank."""
+    if world_size_in(group) == 1:
+        return [tensor]
+    gathered = [torch.empty_like(tensor) for _ in range(world_size_in(group))]
+    torch_dist.all_gather(gathered, tensor.contiguous(), group=group)
+    return gathered
+
+
+def all_to_all_v(send: torch.Tensor, send_counts: list[int], *, group: object = None) -> torch.Tensor:
+    """Send rows ``send[sum(send_counts[:r]) : ...]`` to rank r of ``group``; return the rows received.
+
+    A true all-to-all-v (uneven split sizes, no padding to the widest chunk): the counts are
+    exchanged first so each rank can size its receive buffer. Received rows are in rank order.
+    """
+    world_size = world_size_in(group)
+    if len(send_counts) != world_size:
+        raise ValueError(f"need one send count per rank ({world_size}), got {len(send_counts)}")
+    if world_size == 1:
+        return send
+    counts = torch.tensor(send_counts, dtype=torch.int64)
+    recv_counts = torch.empty_like(counts)
+    torch_dist.all_to_all_single(recv_counts, counts, group=group)
+    recv = torch.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
+    torch_dist.all_to_all_single(
+        recv, send.contiguous(), output_split_sizes=recv_counts.tolist(), input_split_sizes=send_counts, group=group
+    )
+    return recv

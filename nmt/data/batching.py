@@ -1,0 +1,449 @@
+"""Token-budget batches with length noise; one global batch sequence per (seed, epoch); rank shards.
+
+The pipeline for one epoch, every step a pure function of arrays, seeds and options:
+
+1. order samples by length (``noise_mode="ties"``: by (longest, target, source) with ties broken
+   at random; ``"length"``: by longest x uniform(1 - noise, 1 + noise)); while a curriculum is
+   active, by difficulty bin first;
+2. cut the order greedily into batches whose cost stays within ``max_tokens``: padded cost is
+   ``len(batch) * max(longest source, longest target)``, packed cost is the real token sum per
+   side (lengths rounded up to ``length_multiple`` in both);
+3. order the batches: by difficulty during the curriculum epochs, else shuffled (or sorted when
+   ``shuffle=False``); with a competence schedule no batch comes before its eligible update;
+4. rank r of W takes batches r, r + W, ...; the tail is padded with empty (dummy) batches so every
+   rank runs the same number of steps. W ranks x U accumulation steps therefore see exactly the
+   batches of 1 rank x W*U steps, since steps 1..3 never look at W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from nmt.data.curriculum import (
+    Curriculum,
+    competence_schedule,
+    competence_update,
+    difficulty_fractions,
+    difficulty_from,
+)
+
+NOISE_MODES = ("ties", "length")
+# Independent random streams per (seed, epoch): composition noise, batch shuffle, competence repeats.
+_NOISE_STREAM, _SHUFFLE_STREAM, _REPEAT_STREAM = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """Everything besides the lengths that the global batch sequence depends on (never the world size).
+
+    ``curriculum_epochs``: epochs run in order of increasing difficulty (when a difficulty is given).
+    ``curriculum_bins``: while a curriculum is active, samples are cut into this many equal-size
+    difficulty bins (by rank) and batches never cross a bin, so a batch stays homogeneous in
+    difficulty even when the score is unrelated to length; the price is up to one partial batch
+    per bin boundary.
+    ``competence_updates`` (T) / ``competence_initial`` (c0): square-root competence; None = off.
+    ``batches_per_update``: global batches per optimizer update (ranks x accumulation steps); only
+    the competence schedule uses it, to map stream positions to updates.
+    """
+
+    max_tokens: int
+    noise: float = 0.1
+    noise_mode: str = "ties"
+    shuffle: bool = True
+    seed: int = 0
+    batch_size_multiple: int = 1
+    max_sentences: int | None = None
+    length_multiple: int = 1
+    packed: bool = False
+    curriculum_epochs: int = 1
+    curriculum_bins: int = 10
+    competence_updates: int | None = None
+    competence_initial: float = 0.01
+    batches_per_update: int = 1
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_tokens": self.max_tokens,
+            "batch_size_multiple": self.batch_size_multiple,
+            "length_multiple": self.length_multiple,
+            "curriculum_bins": self.curriculum_bins,
+            "batches_per_update": self.batches_per_update,
+        }
+        if self.max_sentences is not None:
+            positive["max_sentences"] = self.max_sentences
+        if self.competence_updates is not None:
+            positive["competence_updates"] = self.competence_updates
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.noise_mode not in NOISE_MODES:
+            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
+        if not 0.0 <= self.noise < 1.0:
+            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
+        if self.curriculum_epochs < 0:
+            raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
+        if not 0.0 < self.competence_initial <= 1.0:
+            raise ValueError(f"competence_initial must be in (0, 1], got {self.competence_initial}")
+
+
+@dataclass(frozen=True)
+class Batches:
+    """A batch sequence as slices of one index array: batch i is ``indices[starts[i]:ends[i]]``.
+
+    An empty slice is a dummy batch (tail padding for equal per-rank step counts): the trainer
+    gives it zero weight. Reordering or sharding batches only permutes ``starts``/``ends``.
+    """
+
+    indices: np.ndarray  # (num_samples,) int64
+    starts: np.ndarray  # (num_batches,) int64
+    ends: np.ndarray  # (num_batches,) int64
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.indices[self.starts[i] : self.ends[i]]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.ends - self.starts
+
+    def take(self, batch_ids: np.ndarray) -> Batches:
+        """Batches ``batch_ids`` in that order; id -1 is a dummy (empty) batch."""
+        batch_ids = np.asarray(batch_ids, dtype=np.int64)
+        dummy = batch_ids < 0
+        starts = np.where(dummy, 0, self.starts[batch_ids])
+        return Batches(self.indices, starts, np.where(dummy, 0, self.ends[batch_ids]))
+
+    def to_list(self) -> list[np.ndarray]:
+        return [self[i] for i in range(len(self))]
+
+
+def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
+
+
+def check_lengths(src_lengths: np.ndarray, tgt_lengths: np.ndarray, options: BatchingOptions) -> None:
+    """ValueError naming the first sample that cannot fit in any batch (the preprocess filter prevents it)."""
+    if src_lengths.shape != tgt_lengths.shape or src_lengths.ndim != 1:
+        raise ValueError(f"src_lengths {src_lengths.shape} and tgt_lengths {tgt_lengths.shape} must be equal 1-D")
+    src = round_up(src_lengths, options.length_multiple)
+    tgt = round_up(tgt_lengths, options.length_multiple)
+    negative = np.flatnonzero((src_lengths < 0) | (tgt_lengths < 0))
+    if negative.size:
+        raise ValueError(f"sample {negative[0]} has a negative length")
+    too_long = np.flatnonzero(np.maximum(src, tgt) > options.max_tokens)
+    if too_long.size:
+        i = int(too_long[0])
+        raise ValueError(
+            f"sample {i} (source {src_lengths[i]}, target {tgt_lengths[i]} tokens, rounded to "
+            f"{options.length_multiple}) exceeds max_tokens={options.max_tokens}; "
+            f"{too_long.size} samples do; filter them in preprocessing or raise max_tokens"
+        )
+
+
+def lexsort_int(keys: list[np.ndarray]) -> np.ndarray:
+    """Order by non-negative integer keys, ``keys[0]`` most significant; the last key must be unique.
+
+    Packs the keys into one int64 when their ranges fit (one quicksort: 7x faster than
+    ``np.lexsort`` on 10M rows); with a unique last key the result does not depend on the algorithm.
+    """
+    radices = [int(k.max(initial=0)) + 1 for k in keys]
+    if np.prod(np.array(radices, dtype=np.float64)) < 2.0**63:
+        packed = np.zeros(keys[0].shape[0], dtype=np.int64)
+        for key, radix in zip(keys, radices):
+            packed = packed * radix + key
+        return np.argsort(packed)
+    return np.lexsort(keys[::-1])
+
+
+def length_order(
+    src: np.ndarray,
+    tgt: np.ndarray,
+    *,
+    noise: float,
+    noise_mode: str,
+    rng: np.random.Generator,
+    bins: np.ndarray | None = None,
+) -> np.ndarray:
+    """Sample order for batching (ascending length), within difficulty ``bins`` when given."""
+    num_samples = src.shape[0]
+    longest = np.maximum(src, tgt)
+    primary = [] if bins is None else [bins]
+    if noise_mode == "ties":
+        tie = rng.permutation(num_samples) if noise > 0 else np.arange(num_samples)
+        return lexsort_int([*primary, longest, tgt, src, tie])
+    noisy = longest * rng.uniform(1.0 - noise, 1.0 + noise, size=num_samples)
+    order = np.argsort(noisy, kind="stable")
+    if bins is not None:
+        order = order[np.argsort(bins[order], kind="stable")]
+    return order
+
+
+def greedy_offsets(
+    src: np.ndarray,
+    tgt: np.ndarray,
+    max_tokens: int,
+    *,
+    packed: bool,
+    max_sentences: int | None = None,
+    batch_size_multiple: int = 1,
+    breaks: np.ndarray | None = None,
+) -> np.ndarray:
+    """Cut samples (already in batch order, lengths rounded) into batches; returns offsets (num_batches + 1,).
+
+    Greedy: each batch takes the longest prefix of what remains whose cost fits, then is rounded
+    down to a multiple of ``batch_size_multiple`` (when it holds at least that many; the rest
+    starts the next batch, so nothing is dropped, unlike fairseq's ``batch_by_size``). Batches
+    never cross a position in ``breaks``. The cost of a prefix is nondecreasing in its length, so
+    one ``searchsorted`` per batch finds it: a Python loop per batch, numpy within.
+    """
+    num_samples = src.shape[0]
+    longest = np.maximum(src, tgt)
+    stops = np.append(np.asarray([] if breaks is None else breaks, dtype=np.int64), num_samples)
+    cap = num_samples if max_sentences is None else max_sentences
+    offsets = [0]
+    start, window = 0, 64
+    while start < num_samples:
+        limit = min(int(stops[np.searchsorted(stops, start, side="right")]), start + cap)
+        while True:
+            end = min(limit, start + window)
+            if packed:
+                cost = np.maximum(np.cumsum(src[start:end]), np.cumsum(tgt[start:end]))
+            else:
+                cost = np.maximum.accumulate(longest[start:end]) * np.arange(1, end - start + 1)
+            size = int(np.searchsorted(cost, max_tokens, side="right"))
+            if size < end - start or end == limit:
+                break
+            window *= 2
+        assert size >= 1, "check_lengths guarantees every sample fits alone"
+        if size >= batch_size_multiple:
+            size -= size % batch_size_multiple
+        start += size
+        offsets.append(start)
+        window = 2 * size + 16
+    return np.asarray(offsets, dtype=np.int64)
+
+
+def segment_max(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """max(values[starts[i]:ends[i]]) per segment, any order or overlap; 0 for an empty segment."""
+    if starts.shape[0] == 0:
+        return np.zeros(0, dtype=values.dtype)
+    # reduceat over interleaved (start, end) pairs reduces each [start, end); a sentinel keeps
+    # end == len(values) a valid index.
+    bounds = np.stack([starts, ends], axis=1).ravel()
+    reduced = np.maximum.reduceat(np.append(values, values[:1] * 0), bounds)[::2]
+    return np.where(ends > starts, reduced, 0)
+
+
+def batch_difficulty(batches: Batches, fractions: np.ndarray) -> np.ndarray:
+    """Hardest member's difficulty fraction per batch (0 for a dummy batch)."""
+    return segment_max(fractions[batches.indices], batches.starts, batches.ends)
+
+
+def curriculum_active(options: BatchingOptions, *, epoch: int, start_update: int) -> bool:
+    in_epochs = epoch < options.curriculum_epochs
+    in_competence = options.competence_updates is not None and start_update < options.competence_updates
+    return in_epochs or in_competence
+
+
+def global_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    options: BatchingOptions,
+    *,
+    epoch: int,
+    difficulty: np.ndarray | None = None,
+    start_update: int = 0,
+) -> Batches:
+    """The epoch's global batch sequence: a pure function of the lengths, options, epoch, difficulty
+    and (with competence only) the update count at the start of the epoch; never of the world size.
+    """
+    src_lengths = np.asarray(src_lengths)
+    tgt_lengths = np.asarray(tgt_lengths)
+    check_lengths(src_lengths, tgt_lengths, options)
+    if options.competence_updates is not None and difficulty is None:
+        raise ValueError("competence_updates needs a curriculum (difficulty per sample)")
+    src = round_up(src_lengths, options.length_multiple)
+    tgt = round_up(tgt_lengths, options.length_multiple)
+    rngs = [np.random.default_rng([options.seed, epoch, stream]) for stream in range(3)]
+    active = difficulty is not None and curriculum_active(options, epoch=epoch, start_update=start_update)
+    fractions = difficulty_fractions(difficulty) if active else None
+    bins = None
+    if fractions is not None:
+        # fraction * N - 1 is the rank; equal-size bins by rank.
+        ranks = np.rint(fractions * src.shape[0]).astype(np.int64) - 1
+        bins = ranks * options.curriculum_bins // max(src.shape[0], 1)
+    order = length_order(
+        src, tgt, noise=options.noise, noise_mode=options.noise_mode, rng=rngs[_NOISE_STREAM], bins=bins
+    )
+    breaks = None if bins is None else np.flatnonzero(np.diff(bins[order])) + 1
+    offsets = greedy_offsets(
+        src[order],
+        tgt[order],
+        options.max_tokens,
+        packed=options.packed,
+        max_sentences=options.max_sentences,
+        batch_size_multiple=options.batch_size_multiple,
+        breaks=breaks,
+    )
+    batches = Batches(order, offsets[:-1], offsets[1:])
+    if fractions is not None and epoch < options.curriculum_epochs:
+        batch_order = np.argsort(batch_difficulty(batches, fractions), kind="stable")
+    elif options.shuffle:
+        batch_order = rngs[_SHUFFLE_STREAM].permutation(len(batches))
+    else:
+        batch_order = np.arange(len(batches))
+    if fractions is not None and options.competence_updates is not None:
+        eligible = competence_update(
+            batch_difficulty(batches, fractions)[batch_order],
+            total_updates=options.competence_updates,
+            initial=options.competence_initial,
+        )
+        batch_order = batch_order[
+            competence_schedule(
+                eligible,
+                start_update=start_update,
+                batches_per_update=options.batches_per_update,
+                rng=rngs[_REPEAT_STREAM],
+            )
+        ]
+    return batches.take(batch_order)
+
+
+def shard(batches: Batches, *, num_replicas: int, rank: int) -> Batches:
+    """Rank ``rank``'s batches r, r + W, ...; the tail is padded with dummy (empty) batches."""
+    num_steps = -(-len(batches) // num_replicas)
+    ids = np.full(num_steps * num_replicas, -1, dtype=np.int64)
+    ids[: len(batches)] = np.arange(len(batches))
+    return batches.take(ids[rank::num_replicas])
+
+
+def padding_efficiency(batches: Batches, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> float:
+    """Real tokens / padded tokens over all batches, each side padded to its own longest in the batch."""
+    real = padded = 0
+    for lengths in (src_lengths, tgt_lengths):
+        side = np.asarray(lengths, dtype=np.int64)[batches.indices]
+        prefix = np.append(0, np.cumsum(side))
+        real += int((prefix[batches.ends] - prefix[batches.starts]).sum())
+        padded += int((segment_max(side, batches.starts, batches.ends) * batches.sizes).sum())
+    return real / padded if padded else 1.0
+
+
+class MaxTokensBatchSampler(Sampler[list[int]]):
+    """Yields lists of sample indices for this rank, each within a token budget (see module doc).
+
+    Options beyond the issue's signature: ``curriculum_epochs``, ``curriculum_bins``,
+    ``competence_updates``, ``competence_initial`` (see ``BatchingOptions``) and ``update_freq``
+    (accumulation steps per update; with ``num_replicas`` it maps batches to updates for
+    competence). Competence is driven by update counts: call ``set_epoch(epoch, start_update=n)``
+    with the trainer's number of optimizer updates so far; the epoch's batches are then scheduled so
+    that the batches used at update t hold only the easiest c(t) fraction of the data.
+
+    Resuming: ``state_dict()`` records the epoch, ``start_update`` and how many of this rank's
+    batches were consumed. A DataLoader prefetches, so the sampler has usually yielded more than
+    the trainer consumed: pass ``consumed=`` (batches the trainer finished this epoch) to
+    ``state_dict`` to save the exact position.
+    """
+
+    def __init__(
+        self,
+        src_lengths: np.ndarray,
+        tgt_lengths: np.ndarray,
+        max_tokens: int,
+        *,
+        noise: float = 0.1,
+        noise_mode: str = "ties",
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        curriculum: Curriculum = None,
+        batch_size_multiple: int = 1,
+        max_sentences: int | None = None,
+        length_multiple: int = 1,
+        packed: bool = False,
+        curriculum_epochs: int = 1,
+        curriculum_bins: int = 10,
+        competence_updates: int | None = None,
+        competence_initial: float = 0.01,
+        update_freq: int = 1,
+    ) -> None:
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}")
+        if update_freq < 1:
+            raise ValueError(f"update_freq must be >= 1, got {update_freq}")
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.options = BatchingOptions(
+            max_tokens=max_tokens,
+            noise=noise,
+            noise_mode=noise_mode,
+            shuffle=shuffle,
+            seed=seed,
+            batch_size_multiple=batch_size_multiple,
+            max_sentences=max_sentences,
+            length_multiple=length_multiple,
+            packed=packed,
+            curriculum_epochs=curriculum_epochs,
+            curriculum_bins=curriculum_bins,
+            competence_updates=competence_updates,
+            competence_initial=competence_initial,
+            batches_per_update=num_replicas * update_freq,
+        )
+        check_lengths(self.src_lengths, self.tgt_lengths, self.options)
+        self.difficulty = difficulty_from(curriculum, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths)
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.start_update = 0
+        self._position = 0
+        self._cache: tuple[tuple[int, int], Batches] | None = None
+
+    def set_epoch(self, epoch: int, *, start_update: int = 0) -> None:
+        """Select the epoch (and, for competence, the number of updates done before it)."""
+        if (epoch, start_update) != (self.epoch, self.start_update):
+            self._position = 0
+        self.epoch, self.start_update = epoch, start_update
+
+    def global_batches(self) -> Batches:
+        """This epoch's batches for all ranks (cached per epoch)."""
+        key = (self.epoch, self.start_update)
+        if self._cache is None or self._cache[0] != key:
+            batches = global_batches(
+                self.src_lengths,
+                self.tgt_lengths,
+                self.options,
+                epoch=self.epoch,
+                difficulty=self.difficulty,
+                start_update=self.start_update,
+            )
+            self._cache = (key, batches)
+        return self._cache[1]
+
+    def rank_batches(self) -> Batches:
+        return shard(self.global_batches(), num_replicas=self.num_replicas, rank=self.rank)
+
+    def __len__(self) -> int:
+        return len(self.rank_batches())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.rank_batches()
+        while self._position < len(batches):
+            batch = batches[self._position]
+            self._position += 1
+            yield batch.tolist()
+        self._position = 0
+
+    def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
+        position = self._position if consumed is None else consumed
+        return {"epoch": self.epoch, "start_update": self.start_update, "position": position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.start_update = int(state["epoch"]), int(state["start_update"])
+        self._position = int(state["position"])

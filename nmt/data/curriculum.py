@@ -1,0 +1,186 @@
+"""Curriculum: per-sample difficulty, square-root competence, and a distributed sample sort.
+
+Difficulty is any float per training pair (``"length"`` = the longer side). Samples are ranked by
+(difficulty, index), so ties never depend on the sort algorithm or on the number of ranks.
+Competence (Platanios et al. 2019, "Competence-based curriculum learning for NMT"):
+``c(t) = min(1, sqrt(t * (1 - c0**2) / T + c0**2))``; at update t only the easiest c(t) fraction of
+the data is eligible. The batch sampler (``nmt.data.batching``) uses these pure functions; the
+distributed sample sort is for difficulty keys held in shards (one score file read per rank).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from nmt import dist
+
+Curriculum = str | np.ndarray | None
+
+
+def difficulty_from(curriculum: Curriculum, *, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray | None:
+    """Per-sample difficulty (float64) from the sampler's ``curriculum`` option; None when off."""
+    if curriculum is None:
+        return None
+    if isinstance(curriculum, str):
+        if curriculum != "length":
+            raise ValueError(f"curriculum must be None, 'length' or an array of scores, got {curriculum!r}")
+        return np.maximum(src_lengths, tgt_lengths).astype(np.float64)
+    difficulty = np.asarray(curriculum, dtype=np.float64)
+    if difficulty.shape != src_lengths.shape:
+        raise ValueError(f"curriculum has {difficulty.shape} scores, expected one per sample {src_lengths.shape}")
+    bad = np.flatnonzero(~np.isfinite(difficulty))
+    if bad.size:
+        raise ValueError(f"curriculum score of sample {bad[0]} is {difficulty[bad[0]]}; scores must be finite")
+    return difficulty
+
+
+def difficulty_fractions(difficulty: np.ndarray) -> np.ndarray:
+    """(rank + 1) / N of each sample in the (difficulty, index) order: the share of data as easy or easier."""
+    num_samples = difficulty.shape[0]
+    # A stable sort keeps index order among equal scores, which is the tie rule everywhere.
+    order = np.argsort(difficulty, kind="stable")
+    fractions = np.empty(num_samples, dtype=np.float64)
+    fractions[order] = np.arange(1, num_samples + 1, dtype=np.float64) / max(num_samples, 1)
+    return fractions
+
+
+def competence(update: int | np.ndarray, *, total_updates: int, initial: float = 0.01) -> np.ndarray:
+    """Square-root competence c(t) in [initial, 1]; reaches 1 at ``total_updates``."""
+    t = np.asarray(update, dtype=np.float64)
+    return np.minimum(1.0, np.sqrt(t * (1.0 - initial**2) / total_updates + initial**2))
+
+
+def competence_update(fraction: np.ndarray, *, total_updates: int, initial: float = 0.01) -> np.ndarray:
+    """The first update t with c(t) >= fraction (the inverse of ``competence``), as int64."""
+    fraction = np.asarray(fraction, dtype=np.float64)
+    t = np.ceil(total_updates * (fraction**2 - initial**2) / (1.0 - initial**2))
+    # Round-off can make ceil land one update early; step forward where c(t) is still short.
+    t = np.maximum(t, 0.0)
+    t += competence(t, total_updates=total_updates, initial=initial) < fraction - 1e-12
+    return t.astype(np.int64)
+
+
+def competence_schedule(
+    eligible_update: np.ndarray, *, start_update: int, batches_per_update: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Order batches so none is used before the update at which it becomes eligible.
+
+    ``eligible_update[b]`` is batch b's first eligible update; batches come in their base order
+    (shuffled or by difficulty), which is kept among batches eligible at the same time. Each update
+    takes ``batches_per_update`` slots (all ranks x accumulation steps): new batches first, and when
+    no new batch is eligible yet, already used eligible batches drawn uniformly (Platanios et al.
+    sample from the eligible prefix with replacement). Returns batch ids, every batch at least once,
+    ending with the last new one. If nothing is eligible at ``start_update`` the easiest-scheduled
+    batch is admitted anyway, so the stream never stalls.
+    """
+    num_batches = eligible_update.shape[0]
+    if num_batches == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(eligible_update, kind="stable")
+    # Updates relative to the epoch's first one; already eligible batches all tie at 0.
+    ready = np.maximum(eligible_update[order] - start_update, 0)
+    ready[0] = 0
+    horizon = int(ready[-1]) + -(-num_batches // batches_per_update) + 1
+    steps = np.arange(horizon)
+    eligible = np.searchsorted(ready, steps, side="right")
+    # placed(t) = min over s <= t of eligible(s) + (t - s) * B: the recurrence
+    # placed(t) = min(eligible(t), placed(t - 1) + B) written as a running minimum.
+    placed = np.minimum(
+        np.minimum.accumulate(eligible - steps * batches_per_update) + steps * batches_per_update,
+        (steps + 1) * batches_per_update,
+    )
+    new_count = np.diff(placed, prepend=0)
+    last_step = int(np.searchsorted(placed, num_batches))
+    slot_step = np.repeat(steps[: last_step + 1], batches_per_update)
+    slot_in_step = np.tile(np.arange(batches_per_update), last_step + 1)
+    is_new = slot_in_step < new_count[slot_step]
+    new_ids = (placed[slot_step] - new_count[slot_step] + slot_in_step)[is_new]
+    pool = placed[slot_step][~is_new]
+    repeat_ids = np.floor(rng.random(pool.shape[0]) * pool).astype(np.int64)
+    sequence = np.empty(slot_step.shape[0], dtype=np.int64)
+    sequence[is_new] = new_ids
+    sequence[~is_new] = repeat_ids
+    # Drop the repeats after the last new batch: the epoch ends once everything was seen.
+    sequence = sequence[: int(np.flatnonzero(is_new)[-1]) + 1]
+    return order[sequence]
+
+
+def lexsort_rows(rows: np.ndarray) -> np.ndarray:
+    """Order of the rows of a (n, k) array, lexicographic with column 0 most significant.
+
+    Successive stable argsorts from the last column: about twice as fast as ``np.lexsort`` on
+    float columns (numpy's lexsort is a slow generic merge sort).
+    """
+    order = np.argsort(rows[:, -1], kind="stable")
+    for column in range(rows.shape[1] - 2, -1, -1):
+        order = order[np.argsort(rows[order, column], kind="stable")]
+    return order
+
+
+def lex_searchsorted(sorted_rows: np.ndarray, query: np.ndarray) -> int:
+    """Number of rows of a lexicographically sorted (n, k) array that are < query (side='left')."""
+    low, high = 0, sorted_rows.shape[0]
+    for column in range(sorted_rows.shape[1]):
+        values = sorted_rows[low:high, column]
+        left = low + int(np.searchsorted(values, query[column], side="left"))
+        right = low + int(np.searchsorted(values, query[column], side="right"))
+        if left == right:
+            return left
+        low, high = left, right
+    return low
+
+
+def _as_rows(keys: np.ndarray | torch.Tensor) -> np.ndarray:
+    rows = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    if rows.ndim == 1:
+        rows = rows[:, None]
+    if rows.ndim != 2:
+        raise ValueError(f"keys must have shape (n,) or (n, k), got {tuple(rows.shape)}")
+    if rows.dtype.kind == "f" and np.isnan(rows).any():
+        raise ValueError(f"keys contain NaN at row {int(np.flatnonzero(np.isnan(rows).any(axis=1))[0])}")
+    return rows
+
+
+def distributed_sample_sort(
+    keys: np.ndarray | torch.Tensor, group: object = None, *, samples_per_rank: int = 64
+) -> np.ndarray | torch.Tensor:
+    """Sort keys spread over ranks; return this rank's contiguous slice of the global order.
+
+    ``keys`` is this rank's shard, shape (n,) or (n, k) (rows compared lexicographically, column 0
+    first). For a stable curriculum order pass rows (difficulty, global index): rows are then
+    unique, so the order is the single-process order whatever the number of ranks, and heavy
+    duplicates of a difficulty are still split evenly. Concatenating the slices of ranks
+    0..W-1 gives the sorted union of all shards. Shards may be empty; all ranks must use the same
+    dtype and k. Returns the type it was given (numpy array or CPU tensor) with the input's ndim.
+
+    Algorithm (sample sort): local sort; each rank sends ``samples_per_rank`` evenly spaced rows;
+    the all-gathered samples give W - 1 splitters; each rank cuts its sorted rows at the splitters
+    (binary search), an all-to-all-v sends piece r to rank r, and each rank sorts what it got.
+    """
+    rows = _as_rows(keys)
+    rows = rows[lexsort_rows(rows)] if rows.shape[0] else rows
+    world_size = dist.world_size_in(group)
+    if world_size > 1:
+        rows = _exchange_by_splitters(rows, group=group, world_size=world_size, samples_per_rank=samples_per_rank)
+    if np.ndim(keys) == 1:
+        rows = rows[:, 0]
+    return torch.from_numpy(np.ascontiguousarray(rows)) if isinstance(keys, torch.Tensor) else rows
+
+
+def _exchange_by_splitters(rows: np.ndarray, *, group: object, world_size: int, samples_per_rank: int) -> np.ndarray:
+    num_rows, width = rows.shape
+    picks = np.minimum((np.arange(samples_per_rank) + 0.5) * num_rows / samples_per_rank, num_rows - 1)
+    samples = rows[picks.astype(np.int64)] if num_rows else np.zeros((samples_per_rank, width), dtype=rows.dtype)
+    gathered = dist.all_gather_equal(torch.from_numpy(np.ascontiguousarray(samples)), group=group)
+    counts = dist.all_gather_equal(torch.tensor([min(num_rows, samples_per_rank)]), group=group)
+    pool = np.concatenate([g.numpy()[: int(c)] for g, c in zip(gathered, counts)])
+    if pool.shape[0] == 0:  # every shard is empty
+        return rows
+    pool = pool[lexsort_rows(pool)]
+    splitters = pool[(np.arange(1, world_size) * pool.shape[0]) // world_size]
+    cuts = [0] + [lex_searchsorted(rows, splitter) for splitter in splitters] + [num_rows]
+    received = dist.all_to_all_v(torch.from_numpy(np.ascontiguousarray(rows)), np.diff(cuts).tolist(), group=group)
+    received_rows = received.numpy().reshape(-1, width)
+    return received_rows[lexsort_rows(received_rows)] if received_rows.shape[0] else received_rows
+
