@@ -12,7 +12,7 @@ from nmt.model.archs import (
     transformer_big_prenorm,
     transformer_tiny,
 )
-from nmt.model.attention import AttentionMask, Packing, attention, resolve_backend, unpack
+from nmt.model.attention import AttentionMask, Packing, resolve_backend, unpack
 from nmt.model.transformer import DecoderState, EncoderOut, TransformerModel, build_model
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "EncoderOut",
     "Packing",
     "TransformerModel",
-    "attention",
     "build_model",
     "resolve_backend",
     "transformer_base",
