@@ -4,3 +4,7 @@ from nmt.data.corpus import ParallelCorpus, load_manifest
 from nmt.data.indexed import IndexedDataset, IndexedWriter
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceModel
 from nmt.data.text import DataError
+from nmt.data.batching import BatchingOptions, Batches, MaxTokensBatchSampler, global_batches, shard
+from nmt.data.collate import collate
+from nmt.data.curriculum import competence, distributed_sample_sort
+from nmt.data.packing import Packed, pack, pack_padded, partition_microbatches, restore_order, unpack

@@ -1,0 +1,112 @@
+"""Collate a list of (source ids, target ids) samples into padded or packed tensors.
+
+Stored samples end with EOS; the decoder input is BOS + target[:-1], built here per sample.
+Keys (B real samples, B' = max(B, pad_rows_to) rows; extra rows are empty samples of length 0):
+
+padded: ``src_tokens`` (B', S), ``prev_output_tokens`` and ``target`` (B', T), pad_id where padded;
+    ``src_lengths``/``tgt_lengths`` (B',). S and T are at least 1 (a batch of empty rows keeps a
+    width) and at least ``pad_tokens_to``, rounded up to ``length_multiple``.
+packed: ``src_tokens`` (Ns,), ``prev_output_tokens``/``target`` (Nt,); lengths (B',);
+    ``src_cu_seqlens``/``tgt_cu_seqlens`` (B' + 1,) int32; ``src_positions``/``tgt_positions``
+    (N,) int64 restarting at 0 per sample. N is at least ``pad_tokens_to``, rounded up to
+    ``length_multiple``; tokens past cu_seqlens[-1] are padding (pad_id, position 0) and belong to
+    no sample: attention must ignore them and the loss sees pad targets.
+both: ``num_tokens`` (real target tokens) and ``num_sentences`` (B) as 0-d int64 CPU tensors, so the
+    dict is all tensors; read them (``int(...)``) before moving the batch to a device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from nmt.data.packing import cu_seqlens_from_lengths, positions_from_lengths, unpack
+
+LAYOUTS = ("padded", "packed")
+Sample = tuple[np.ndarray, np.ndarray]
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _flatten(samples: Sequence[Sample], side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated tokens (N,) int64 and lengths (B,) of one side."""
+    arrays = [np.asarray(sample[side]) for sample in samples]
+    for i, array in enumerate(arrays):
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise ValueError(f"sample {i}: side {side} must be a 1-D integer array, got {array.dtype} {array.shape}")
+    lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+    tokens = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, dtype=np.int64)
+    return tokens, lengths
+
+
+def shift_right(target: np.ndarray, lengths: np.ndarray, *, bos_id: int) -> np.ndarray:
+    """Packed decoder input: per sample BOS + target[:-1] (same length as the target)."""
+    prev = np.empty_like(target)
+    prev[1:] = target[:-1]
+    starts = (np.cumsum(lengths) - lengths)[lengths > 0]
+    prev[starts] = bos_id
+    return prev
+
+
+def _padded_total(num_real: int, *, pad_to: int | None, multiple: int, name: str, minimum: int = 0) -> int:
+    if pad_to is not None and pad_to < num_real:
+        raise ValueError(f"{name}={pad_to} is smaller than the batch needs ({num_real})")
+    return _round_up(max(num_real, pad_to or 0, minimum), multiple)
+
+
+def collate(
+    samples: Sequence[Sample],
+    *,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    layout: str = "padded",
+    length_multiple: int = 1,
+    pad_rows_to: int | None = None,
+    pad_tokens_to: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Tensors for one batch (see the module doc for keys and shapes); ``samples`` may be empty."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if length_multiple < 1:
+        raise ValueError(f"length_multiple must be >= 1, got {length_multiple}")
+    num_rows = _padded_total(len(samples), pad_to=pad_rows_to, multiple=1, name="pad_rows_to")
+    src, src_lengths = _flatten(samples, 0)
+    tgt, tgt_lengths = _flatten(samples, 1)
+    prev = shift_right(tgt, tgt_lengths, bos_id=bos_id)
+    extra_rows = np.zeros(num_rows - len(samples), dtype=np.int64)
+    lengths = {
+        "src": torch.from_numpy(np.concatenate([src_lengths, extra_rows])),
+        "tgt": torch.from_numpy(np.concatenate([tgt_lengths, extra_rows])),
+    }
+    tokens = {"src_tokens": ("src", src), "prev_output_tokens": ("tgt", prev), "target": ("tgt", tgt)}
+    batch: dict[str, torch.Tensor] = {
+        "src_lengths": lengths["src"],
+        "tgt_lengths": lengths["tgt"],
+        "num_tokens": torch.tensor(int(tgt_lengths.sum())),
+        "num_sentences": torch.tensor(len(samples)),
+    }
+    if layout == "packed":
+        for side in ("src", "tgt"):
+            num_real = int(lengths[side].sum())
+            total = _padded_total(num_real, pad_to=pad_tokens_to, multiple=length_multiple, name="pad_tokens_to")
+            batch[f"{side}_cu_seqlens"] = cu_seqlens_from_lengths(lengths[side])
+            batch[f"{side}_positions"] = positions_from_lengths(lengths[side], total=total)
+        for key, (side, flat) in tokens.items():
+            out = torch.full((batch[f"{side}_positions"].shape[0],), pad_id, dtype=torch.int64)
+            out[: flat.shape[0]] = torch.from_numpy(flat)
+            batch[key] = out
+    else:
+        for key, (side, flat) in tokens.items():
+            width = _padded_total(
+                int(lengths[side].max()) if num_rows else 0,
+                pad_to=pad_tokens_to,
+                multiple=length_multiple,
+                name="pad_tokens_to",
+                minimum=1,
+            )
+            batch[key] = unpack(torch.from_numpy(flat), lengths[side], max_length=width, pad_value=pad_id)
+    return batch
