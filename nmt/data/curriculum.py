@@ -54,6 +54,8 @@ def competence(update: int | np.ndarray, *, total_updates: int, initial: float =
 def competence_update(fraction: np.ndarray, *, total_updates: int, initial: float = 0.01) -> np.ndarray:
     """The first update t with c(t) >= fraction (the inverse of ``competence``), as int64."""
     fraction = np.asarray(fraction, dtype=np.float64)
+    if initial >= 1.0:  # full competence from the start
+        return np.zeros(fraction.shape, dtype=np.int64)
     t = np.ceil(total_updates * (fraction**2 - initial**2) / (1.0 - initial**2))
     # Round-off can make ceil land one update early; step forward where c(t) is still short.
     t = np.maximum(t, 0.0)
@@ -77,9 +79,11 @@ def competence_schedule(
     num_batches = eligible_update.shape[0]
     if num_batches == 0:
         return np.zeros(0, dtype=np.int64)
-    order = np.argsort(eligible_update, kind="stable")
-    # Updates relative to the epoch's first one; already eligible batches all tie at 0.
-    ready = np.maximum(eligible_update[order] - start_update, 0)
+    # Updates relative to the epoch's first one; already eligible batches all tie at 0, so they
+    # keep their base order.
+    ready = np.maximum(eligible_update - start_update, 0)
+    order = np.argsort(ready, kind="stable")
+    ready = ready[order]
     ready[0] = 0
     horizon = int(ready[-1]) + -(-num_batches // batches_per_update) + 1
     steps = np.arange(horizon)
