@@ -26,6 +26,7 @@ setup(
     entry_points={
         "console_scripts": [
             "nmt-preprocess=nmt_cli.preprocess:main",
+            "nmt-train=nmt_cli.train:main",
             "nmt-eval=nmt_cli.eval:main",
         ]
     },

@@ -1,0 +1,5 @@
+"""Training: loss, LR schedules, checkpoints, the loop."""
+
+from nmt.train.lr import VariableBatchSizeLR
+
+__all__ = ["VariableBatchSizeLR"]

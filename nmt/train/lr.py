@@ -1,0 +1,136 @@
+"""Learning-rate schedules and batch-size scaling of the learning rate.
+
+Schedules are pure functions of the update number (testable without an optimizer) wrapped into
+``torch.optim.lr_scheduler.LambdaLR``. ``VariableBatchSizeLR`` wraps *any* torch scheduler and
+multiplies its learning rate by a function of the current update's batch size, restoring the base
+value before each base step so that chained schedulers are not distorted by the scaling.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def inverse_sqrt_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
+    """Linear warm-up from ``warmup_init_ratio`` to 1, then decay with 1/sqrt(step)."""
+    if warmup_updates > 0 and step < warmup_updates:
+        return warmup_init_ratio + (1.0 - warmup_init_ratio) * step / warmup_updates
+    return math.sqrt(max(warmup_updates, 1) / max(step, 1))
+
+
+def fixed_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
+    if warmup_updates > 0 and step < warmup_updates:
+        return warmup_init_ratio + (1.0 - warmup_init_ratio) * step / warmup_updates
+    return 1.0
+
+
+def cosine_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float) -> float:
+    if warmup_updates > 0 and step < warmup_updates:
+        return warmup_init_ratio + (1.0 - warmup_init_ratio) * step / warmup_updates
+    progress = min(1.0, (step - warmup_updates) / max(1, max_update - warmup_updates))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def schedule_factor(
+    name: str, *, lr: float, warmup_updates: int, warmup_init_lr: float, max_update: int = 0, min_lr: float = 0.0
+) -> Callable[[int], float]:
+    """The multiplier of ``lr`` at each update, for LambdaLR."""
+    warmup_init_ratio = min(1.0, warmup_init_lr / lr)
+    if name == "inverse_sqrt":
+        return lambda step: inverse_sqrt_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    if name == "fixed":
+        return lambda step: fixed_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    if name == "cosine":
+        return lambda step: cosine_factor(
+            step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio, max_update=max_update, min_ratio=min_lr / lr
+        )
+    raise ValueError(f"--lr-scheduler: unknown schedule {name!r}")
+
+
+def batch_size_scale(batch_size: float, *, reference: float, rule: str) -> float:
+    """The factor for ``rule`` (none | linear | sqrt) at this batch size relative to ``reference``."""
+    if rule == "none":
+        return 1.0
+    if reference <= 0:
+        raise ValueError(f"--lr-scaling-reference must be positive, got {reference}")
+    ratio = batch_size / reference
+    if rule == "linear":
+        return ratio
+    if rule == "sqrt":
+        return math.sqrt(ratio)
+    raise ValueError(f"--lr-scaling: unknown rule {rule!r}")
+
+
+class VariableBatchSizeLR:
+    """Scale a base scheduler's learning rate by the size of each update's batch.
+
+    Call ``step(batch_size)`` once per update *before* ``optimizer.step()``: it advances the base
+    scheduler to this update and sets each group's lr to ``base_lr * scale(batch_size)``.
+    With ``reference=0`` the first update's batch size becomes the reference (saved in the state).
+    """
+
+    def __init__(self, base: torch.optim.lr_scheduler.LRScheduler, *, rule: str, reference: float = 0.0) -> None:
+        batch_size_scale(1.0, reference=1.0, rule=rule)  # validates the rule name
+        self.base = base
+        self.optimizer = base.optimizer
+        self.rule = rule
+        self.reference = reference
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.last_scale = 1.0
+
+    def step(self, batch_size: float) -> list[float]:
+        if self.rule != "none" and self.reference <= 0:
+            self.reference = float(batch_size)
+        # The base scheduler reads the group lr (chainable schedulers multiply it): give it back
+        # its own value, step it, and remember the result before scaling.
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr
+        with warnings.catch_warnings():
+            # Stepping before optimizer.step() is deliberate: the lr must be set for *this* update.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
+            self.base.step()
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.last_scale = batch_size_scale(batch_size, reference=self.reference, rule=self.rule)
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr * self.last_scale
+        return self.get_last_lr()
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base.state_dict(), "reference": self.reference, "base_lrs": list(self.base_lrs), "last_scale": self.last_scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base.load_state_dict(state["base"])
+        self.reference = state["reference"]
+        self.base_lrs = list(state["base_lrs"])
+        self.last_scale = state["last_scale"]
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr * self.last_scale
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    *,
+    name: str,
+    lr: float,
+    warmup_updates: int,
+    warmup_init_lr: float,
+    max_update: int,
+    min_lr: float,
+    scaling: str,
+    scaling_reference: float,
+) -> VariableBatchSizeLR:
+    """The trainer's scheduler: a LambdaLR schedule inside the batch-size wrapper (rule none = identity).
+
+    LambdaLR evaluates factor(0) at construction; the first ``step`` moves to update 1.
+    """
+    factor = schedule_factor(name, lr=lr, warmup_updates=warmup_updates, warmup_init_lr=warmup_init_lr, max_update=max_update, min_lr=min_lr)
+    base = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return VariableBatchSizeLR(base, rule=scaling, reference=scaling_reference)
