@@ -1,0 +1,277 @@
+"""Greedy, sampling and beam search over the decoder's incremental state (one token per step).
+
+All three work on a padded source batch and return, per sentence, ``nbest`` hypotheses best first.
+Conventions are fairseq's, so scores and BLEU are comparable with ``fairseq-generate``:
+
+- a hypothesis ends with EOS; its score is the sum of its token log-probabilities divided by
+  ``length ** lenpen`` (length counts EOS); beams are ranked by the unnormalised sum;
+- a sentence may generate at most ``max_len = int(max_len_a * src_len + max_len_b)`` tokens before
+  EOS (``src_len`` counts the source EOS; capped by the model's positions), EOS is forced after
+  that, and it is banned before ``min_len`` tokens;
+- beam search keeps the best ``2 * beam`` candidates per step; an EOS candidate among the first
+  ``beam`` of them is finished, the first ``beam`` non-EOS candidates go on; a sentence is done
+  once ``beam`` hypotheses are finished.
+
+Speed (CPU and GPU alike): every step is a handful of batched tensor ops over sentences x beams,
+with no Python loop over either. Finished sentences are dropped from the batch (encoder side and
+caches included), so the late steps of a batch only pay for its long sentences. The only host sync
+per step is the check for newly finished sentences; maximum lengths are known on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nmt.config import EvalConfig
+from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
+from nmt.model import DecoderState, TransformerModel
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # generated piece ids, EOS excluded
+    score: float  # sum of log-probabilities (EOS included) / (len(tokens) + 1) ** lenpen
+
+
+def max_target_lengths(src_lengths: np.ndarray, cfg: EvalConfig, *, max_positions: int) -> np.ndarray:
+    """Tokens a sentence may generate before the forced EOS: ``int(a * src_len + b)``, within positions."""
+    limit = np.floor(cfg.max_len_a * src_lengths.astype(np.float64) + cfg.max_len_b).astype(np.int64)
+    return np.minimum(limit, max_positions - 1)  # the forced EOS is fed at position max_len at most
+
+
+@torch.inference_mode()
+def generate(
+    model: TransformerModel,
+    src_tokens: torch.Tensor,
+    src_lengths: torch.Tensor,
+    cfg: EvalConfig,
+    *,
+    generator: torch.Generator | None = None,
+) -> list[list[Hypothesis]]:
+    """Padded source (B, S) with lengths (B,) (EOS included) -> per sentence, ``cfg.nbest`` hypotheses.
+
+    ``cfg.beam == 1`` takes the greedy path; ``cfg.sampling`` draws ``cfg.beam`` samples per
+    sentence (with ``generator`` for reproducibility) and keeps the ``cfg.nbest`` best-scoring.
+    """
+    max_len = max_target_lengths(
+        src_lengths.cpu().numpy(), cfg, max_positions=model.cfg.max_target_positions
+    )
+    encoder_out = model.encode(src_tokens, src_lengths)
+    state = model.init_decoder_state(encoder_out)
+    if cfg.sampling or cfg.beam == 1:
+        return _one_token_per_row(model, state, max_len, cfg, generator=generator)
+    return _beam_search(model, state, max_len, cfg)
+
+
+def _next_log_probs(
+    model: TransformerModel,
+    state: DecoderState,
+    prefix: torch.Tensor,
+    *,
+    step: int,
+    force_eos: torch.Tensor | None,
+    cfg: EvalConfig,
+) -> torch.Tensor:
+    """Log-probabilities (R, V) of the token after ``prefix`` (R, step + 1) (BOS first), constraints applied.
+
+    ``force_eos`` (R,) bool marks rows past their maximum length (None: no row is).
+    """
+    logits = model.decode_step(prefix[:, -1], state).float()  # (R, V); float: fp16 models sum scores in fp32
+    if cfg.temperature != 1.0:
+        logits = logits / cfg.temperature
+    lprobs = F.log_softmax(logits, dim=-1)
+    lprobs[:, PAD_ID] = -torch.inf
+    lprobs[:, BOS_ID] = -torch.inf
+    if cfg.no_repeat_ngram_size and prefix.shape[1] >= cfg.no_repeat_ngram_size:
+        _ban_repeated_ngrams(lprobs, prefix, cfg.no_repeat_ngram_size)
+    if step < cfg.min_len:
+        # Ban EOS, unless nothing else is left (n-gram bans, tiny vocabularies): a short output beats
+        # a row with no finite continuation (which greedy would fill with PAD and sampling cannot draw).
+        eos_lprobs = lprobs[:, EOS_ID].clone()
+        lprobs[:, EOS_ID] = -torch.inf
+        stuck = lprobs.amax(dim=-1) == -torch.inf
+        lprobs[:, EOS_ID] = eos_lprobs.masked_fill(~stuck, -torch.inf)
+    if force_eos is not None:
+        # Keep the model's own EOS log-prob (fairseq does): the forced ending is scored, not free.
+        not_eos = torch.ones(lprobs.shape[1], dtype=torch.bool, device=lprobs.device)
+        not_eos[EOS_ID] = False
+        lprobs.masked_fill_(force_eos[:, None] & not_eos, -torch.inf)
+    return lprobs
+
+
+def _ban_repeated_ngrams(lprobs: torch.Tensor, prefix: torch.Tensor, size: int) -> None:
+    """Ban (in place) every token that would complete an n-gram already in ``prefix`` (R, t)."""
+    windows = prefix.unfold(1, size, 1)  # (R, W, size): every n-gram so far
+    suffix = prefix[:, prefix.shape[1] - (size - 1) :]  # (R, size-1): what the next token would extend
+    match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (R, W)
+    # scatter_add, not scatter: the same token may end a matching and a non-matching window.
+    hits = torch.zeros_like(lprobs).scatter_add_(1, windows[:, :, -1], match.to(lprobs.dtype))
+    lprobs.masked_fill_(hits > 0, -torch.inf)
+
+
+def _force_eos_rows(step: int, max_len: np.ndarray, *, rows_per_sentence: int, device: torch.device) -> torch.Tensor | None:
+    """(R,) bool for rows whose sentence reached its maximum length; None (no work) when none has."""
+    past = step >= max_len
+    if not past.any():
+        return None
+    return torch.from_numpy(np.repeat(past, rows_per_sentence)).to(device)
+
+
+def _sample(lprobs: torch.Tensor, cfg: EvalConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from ``lprobs`` (R, V), truncated to the top-k and/or the top-p nucleus."""
+    if cfg.topk:
+        kth_best = lprobs.topk(min(cfg.topk, lprobs.shape[1]), dim=-1).values[:, -1:]  # (R, 1)
+        lprobs = lprobs.masked_fill(lprobs < kth_best, -torch.inf)
+    if cfg.topp < 1.0:
+        sorted_lprobs, order = lprobs.sort(dim=-1, descending=True)
+        sorted_probs = sorted_lprobs.exp()
+        # Keep the smallest prefix whose mass reaches p: a token goes when the mass before it already does.
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cfg.topp
+        lprobs = lprobs.masked_fill(torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted), -torch.inf)
+    return torch.multinomial(lprobs.exp(), 1, generator=generator).squeeze(1)  # multinomial renormalises
+
+
+def _one_token_per_row(
+    model: TransformerModel,
+    state: DecoderState,
+    max_len: np.ndarray,
+    cfg: EvalConfig,
+    *,
+    generator: torch.Generator | None,
+) -> list[list[Hypothesis]]:
+    """Greedy (argmax) or sampling: each row extends one hypothesis; no beams to reorder.
+
+    Sampling draws ``cfg.beam`` rows per sentence; greedy has one.
+    """
+    num_sentences = len(max_len)
+    per_sentence = cfg.beam if cfg.sampling else 1
+    device = state.cross_mask.key_lengths.device
+    num_rows = num_sentences * per_sentence
+    if per_sentence > 1:
+        state.reorder(torch.arange(num_sentences, device=device).repeat_interleave(per_sentence))
+    row_max_len = np.repeat(max_len, per_sentence)
+    finished = _Finished(num_rows, max_steps=int(max_len.max()) + 1, device=device)
+    rows = torch.arange(num_rows, device=device)  # original row of each active row
+    prefix = torch.full((num_rows, 1), BOS_ID, dtype=torch.long, device=device)
+    sums = torch.zeros(num_rows, device=device)
+    for step in range(int(row_max_len.max()) + 1):
+        force_eos = _force_eos_rows(step, row_max_len, rows_per_sentence=1, device=device)
+        lprobs = _next_log_probs(model, state, prefix, step=step, force_eos=force_eos, cfg=cfg)
+        tokens = _sample(lprobs, cfg, generator) if cfg.sampling else lprobs.argmax(dim=-1)  # (R,)
+        sums = sums + lprobs.gather(1, tokens[:, None]).squeeze(1)
+        prefix = torch.cat([prefix, tokens[:, None]], dim=1)
+        ended = tokens == EOS_ID
+        if not bool(ended.any()):  # the one host sync per step
+            continue
+        ended_rows = ended.nonzero().squeeze(1)
+        finished.add(rows[ended_rows], prefix.index_select(0, ended_rows), sums[ended_rows], step=step, cfg=cfg)
+        keep = (~ended).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        state.reorder(keep)
+        rows, prefix, sums = rows[keep], prefix.index_select(0, keep), sums[keep]
+        row_max_len = row_max_len[keep.cpu().numpy()]
+    return finished.best(num_sentences, per_sentence=per_sentence, nbest=cfg.nbest)
+
+
+def _beam_search(model: TransformerModel, state: DecoderState, max_len: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
+    num_sentences, beam = len(max_len), cfg.beam
+    device = state.cross_mask.key_lengths.device
+    state.reorder(torch.arange(num_sentences, device=device).repeat_interleave(beam))  # (B*K) rows
+    finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
+    num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
+    sentences = torch.arange(num_sentences, device=device)  # original index of each active sentence
+    prefix = torch.full((num_sentences * beam, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t+1)
+    # All beams start identical: only beam 0 may expand at the first step.
+    sums = torch.full((num_sentences, beam), -torch.inf, device=device)
+    sums[:, 0] = 0.0
+    candidate_rank = torch.arange(2 * beam, device=device)  # (2K,)
+    for step in range(int(max_len.max()) + 1):
+        num_active = sentences.shape[0]
+        force_eos = _force_eos_rows(step, max_len, rows_per_sentence=beam, device=device)
+        lprobs = _next_log_probs(model, state, prefix, step=step, force_eos=force_eos, cfg=cfg)  # (B*K, V)
+        vocab_size = lprobs.shape[1]
+        candidates = (sums[:, :, None] + lprobs.view(num_active, beam, vocab_size)).view(num_active, -1)
+        top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K), best first
+        top_beams = torch.div(top_index, vocab_size, rounding_mode="floor")
+        top_tokens = top_index % vocab_size
+        top_rows = top_beams + torch.arange(num_active, device=device)[:, None] * beam  # (B, 2K) batch rows
+        is_eos = top_tokens == EOS_ID  # (B, 2K)
+
+        # Finish the EOS candidates among the first K (the fairseq rule), while a sentence has room.
+        eos = is_eos[:, :beam] & top_sums[:, :beam].isfinite()  # (B, K)
+        slot = num_finished[sentences][:, None] + eos.cumsum(dim=1) - 1  # (B, K)
+        accept = eos & (slot < beam)
+        finished.add(
+            torch.where(accept, sentences[:, None] * beam + slot, finished.discard_row).view(-1),
+            torch.cat([prefix.index_select(0, top_rows[:, :beam].reshape(-1)), prefix.new_full((num_active * beam, 1), EOS_ID)], dim=1),
+            top_sums[:, :beam].reshape(-1),
+            step=step,
+            cfg=cfg,
+        )
+        num_finished.index_add_(0, sentences, accept.sum(dim=1))
+
+        # The first K non-EOS candidates continue (there are always K among 2K: one EOS per beam at most).
+        keep_rank = (is_eos * (2 * beam) + candidate_rank).topk(beam, dim=1, largest=False).indices  # (B, K)
+        next_rows = top_rows.gather(1, keep_rank)  # (B, K) rows of the current batch
+        next_tokens = top_tokens.gather(1, keep_rank)
+        sums = top_sums.gather(1, keep_rank)
+
+        done = num_finished[sentences] >= beam
+        if step >= int(max_len.min()):
+            done |= torch.from_numpy(step >= max_len).to(device)
+        if bool(done.any()):  # the one host sync per step
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            next_rows, next_tokens, sums = next_rows[keep], next_tokens[keep], sums[keep]
+            sentences = sentences[keep]
+            max_len = max_len[keep.cpu().numpy()]
+            # Rows of kept sentences only: the encoder side shrinks with the caches.
+            state.reorder(next_rows.view(-1))
+        else:
+            # Beams move within their own sentence, whose encoder keys/values are the same for every
+            # beam: only the self-attention caches need reordering (saves copying the cross-attention
+            # keys/values of every layer at every step).
+            for cache in state.self_caches:
+                cache.reorder(next_rows.view(-1))
+        prefix = torch.cat([prefix.index_select(0, next_rows.view(-1)), next_tokens.view(-1, 1)], dim=1)
+    return finished.best(num_sentences, per_sentence=beam, nbest=cfg.nbest)
+
+
+class _Finished:
+    """Finished hypotheses in fixed slots (``per_sentence`` per sentence), filled with tensor ops only.
+
+    Writes aimed at ``discard_row`` (an extra slot) are thrown away: that keeps the beam step free of
+    data-dependent shapes (no nonzero, no host sync).
+    """
+
+    def __init__(self, num_slots: int, *, max_steps: int, device: torch.device) -> None:
+        self.discard_row = num_slots
+        self.tokens = torch.full((num_slots + 1, max_steps + 1), PAD_ID, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(num_slots + 1, dtype=torch.long, device=device)
+        self.scores = torch.full((num_slots + 1,), -torch.inf, device=device)
+
+    def add(self, slots: torch.Tensor, prefixes: torch.Tensor, sums: torch.Tensor, *, step: int, cfg: EvalConfig) -> None:
+        """``prefixes`` (N, step + 2): BOS, tokens, EOS; ``sums`` (N,) their log-prob sums; into ``slots`` (N,)."""
+        length = step + 1  # generated tokens, EOS included
+        self.tokens[:, : step + 2].index_copy_(0, slots, prefixes)
+        self.lengths.index_fill_(0, slots, length)
+        self.scores.index_copy_(0, slots, sums / length**cfg.lenpen)
+
+    def best(self, num_sentences: int, *, per_sentence: int, nbest: int) -> list[list[Hypothesis]]:
+        scores = self.scores[:-1].view(num_sentences, per_sentence)
+        order = scores.argsort(dim=1, descending=True, stable=True)[:, :nbest]  # (N, nbest)
+        slots = (order + torch.arange(num_sentences, device=order.device)[:, None] * per_sentence).view(-1)
+        tokens = self.tokens.index_select(0, slots).tolist()
+        lengths = self.lengths.index_select(0, slots).tolist()
+        best_scores = self.scores.index_select(0, slots).tolist()
+        hypotheses: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]
+        for index, (row, length, score) in enumerate(zip(tokens, lengths, best_scores)):
+            if score != -float("inf"):  # tiny vocabularies may finish fewer than nbest
+                hypotheses[index // nbest].append(Hypothesis(tokens=row[1:length], score=score))
+        return hypotheses
