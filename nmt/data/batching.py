@@ -10,9 +10,11 @@ The pipeline for one epoch, every step a pure function of arrays, seeds and opti
    side (lengths rounded up to ``length_multiple`` in both);
 3. order the batches: by difficulty during the curriculum epochs, else shuffled (or sorted when
    ``shuffle=False``); with a competence schedule no batch comes before its eligible update;
-4. rank r of W takes batches r, r + W, ...; the tail is padded with empty (dummy) batches so every
-   rank runs the same number of steps. W ranks x U accumulation steps therefore see exactly the
-   batches of 1 rank x W*U steps, since steps 1..3 never look at W.
+4. each step of W consecutive batches gives one batch to each rank (rank r takes r, r + W, ...,
+   or, in the sampler, the step's batches dealt out to balance token loads); the tail is padded
+   with empty (dummy) batches so every rank runs the same number of steps. W ranks x U
+   accumulation steps therefore see exactly the batches of 1 rank x W*U steps, since steps 1..3
+   never look at W and step 4 only permutes batches within a step.
 """
 
 from __future__ import annotations
@@ -316,12 +318,53 @@ def global_batches(
     return batches.take(batch_order)
 
 
-def shard(batches: Batches, *, num_replicas: int, rank: int) -> Batches:
-    """Rank ``rank``'s batches r, r + W, ...; the tail is padded with dummy (empty) batches."""
-    num_steps = -(-len(batches) // num_replicas)
+def batch_tokens(batches: Batches, sample_tokens: np.ndarray) -> np.ndarray:
+    """Sum of ``sample_tokens`` per batch (0 for a dummy)."""
+    prefix = np.append(0, np.cumsum(sample_tokens[batches.indices]))
+    return prefix[batches.ends] - prefix[batches.starts]
+
+
+def step_table(num_batches: int, *, num_replicas: int) -> np.ndarray:
+    """(num_steps, W) global batch ids, row k = batches kW .. kW + W - 1, the tail padded with -1 (dummy)."""
+    num_steps = -(-num_batches // num_replicas)
     ids = np.full(num_steps * num_replicas, -1, dtype=np.int64)
-    ids[: len(batches)] = np.arange(len(batches))
-    return batches.take(ids[rank::num_replicas])
+    ids[:num_batches] = np.arange(num_batches)
+    return ids.reshape(num_steps, num_replicas)
+
+
+def balance_steps(table: np.ndarray, batch_loads: np.ndarray) -> np.ndarray:
+    """Permute each step's batches over the ranks: the heaviest to the rank with the least load so far.
+
+    Only the order *inside* a step changes, so W ranks x U accumulation steps still see exactly the
+    batches of 1 rank x W*U; ranks' loads over an epoch stay close although the batch order is
+    shuffled (plain interleaving leaves them to chance: 8.6% apart on Multi30k with 8 ranks).
+    """
+    loads = np.append(batch_loads, 0)[table]  # a dummy (id -1) weighs 0
+    heavy_first = np.argsort(-loads, axis=1, kind="stable")
+    balanced = np.empty_like(table)
+    totals = np.zeros(table.shape[1], dtype=np.int64)
+    # Last step first: it holds the dummies, and the ranks that get one are then compensated
+    # with heavier batches in the earlier steps.
+    for step in range(table.shape[0] - 1, -1, -1):
+        ranks = np.argsort(totals, kind="stable")
+        balanced[step, ranks] = table[step, heavy_first[step]]
+        totals[ranks] += loads[step, heavy_first[step]]
+    return balanced
+
+
+def shard(
+    batches: Batches, *, num_replicas: int, rank: int, sample_tokens: np.ndarray | None = None
+) -> Batches:
+    """Rank ``rank``'s batches: one from each step of W consecutive global batches, the tail padded
+    with dummy (empty) batches so every rank runs the same number of steps.
+
+    Without ``sample_tokens`` rank r takes batches r, r + W, ...; with it (tokens per sample) each
+    step's batches are dealt out to balance the ranks' token loads (``balance_steps``).
+    """
+    table = step_table(len(batches), num_replicas=num_replicas)
+    if sample_tokens is not None:
+        table = balance_steps(table, batch_tokens(batches, sample_tokens))
+    return batches.take(table[:, rank])
 
 
 def padding_efficiency(batches: Batches, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> float:
@@ -427,7 +470,13 @@ class MaxTokensBatchSampler(Sampler[list[int]]):
         return self._cache[1]
 
     def rank_batches(self) -> Batches:
-        return shard(self.global_batches(), num_replicas=self.num_replicas, rank=self.rank)
+        """This rank's batches for the epoch, balanced by real (source + target) tokens."""
+        return shard(
+            self.global_batches(),
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            sample_tokens=self.src_lengths + self.tgt_lengths,
+        )
 
     def __len__(self) -> int:
         return len(self.rank_batches())

@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader
 from nmt.data.batching import (
     BatchingOptions,
     Batches,
+    batch_tokens,
     MaxTokensBatchSampler,
     global_batches,
     greedy_offsets,
@@ -81,7 +82,8 @@ def test_world_ranks_times_accumulation_see_the_batches_of_one_rank(world, updat
     options = BatchingOptions(max_tokens=1500)
     reference = global_batches(SRC, TGT, options, epoch=2)
     per_update = world * update_freq
-    shards = [shard(reference, num_replicas=world, rank=r).to_list() for r in range(world)]
+    # The sampler's load-balanced deal may reorder a step's batches over ranks, never across steps.
+    shards = [shard(reference, num_replicas=world, rank=r, sample_tokens=SRC + TGT).to_list() for r in range(world)]
     num_updates = -(-len(shards[0]) // update_freq)
     for update in range(num_updates):
         seen = [
@@ -177,14 +179,28 @@ def test_state_dict_can_record_what_the_trainer_consumed_behind_prefetching():
 
 
 def test_sampler_drives_a_dataloader_including_dummy_batches():
-    sampler = MaxTokensBatchSampler(SRC[:50], TGT[:50], 4096, num_replicas=4, rank=3)
-    total = len(sampler.global_batches())
-    padded_total = -(-total // 4) * 4
-    expected_dummies = sum(1 for p in range(total, padded_total) if p % 4 == 3)
-    loader = DataLoader(list(range(50)), batch_sampler=sampler, collate_fn=lambda items: items)
-    batches = list(loader)
-    assert len(batches) == len(sampler) == padded_total // 4
-    assert sum(1 for b in batches if b == []) == expected_dummies
+    samplers = [MaxTokensBatchSampler(SRC[:50], TGT[:50], 4096, num_replicas=4, rank=r) for r in range(4)]
+    total = len(samplers[0].global_batches())
+    steps = -(-total // 4)
+    per_rank = [list(DataLoader(list(range(50)), batch_sampler=s, collate_fn=lambda items: items)) for s in samplers]
+    assert [len(batches) for batches in per_rank] == [len(s) for s in samplers] == [steps] * 4
+    assert sum(b == [] for batches in per_rank for b in batches) == 4 * steps - total
+    assert_each_sample_once([np.array(b, dtype=np.int64) for batches in per_rank for b in batches], 50)
+
+
+def test_sampler_balances_rank_token_loads():
+    src, tgt = synthetic_lengths(20_000, seed=1)  # ~150 steps of 8 ranks: enough to even out
+    tokens = src + tgt
+    batches = global_batches(src, tgt, BatchingOptions(max_tokens=1024), epoch=0)
+    for world in (2, 3, 8):
+        plain = [int(batch_tokens(shard(batches, num_replicas=world, rank=r), tokens).sum()) for r in range(world)]
+        balanced = [
+            int(batch_tokens(shard(batches, num_replicas=world, rank=r, sample_tokens=tokens), tokens).sum())
+            for r in range(world)
+        ]
+        assert sum(balanced) == sum(plain) == tokens.sum()
+        assert max(balanced) / min(balanced) < 1.02
+        assert max(balanced) - min(balanced) <= max(plain) - min(plain)
 
 
 def test_curriculum_epochs_run_easy_to_hard_then_shuffle():
