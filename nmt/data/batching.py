@@ -130,8 +130,11 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
     return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
-def check_lengths(src_lengths: np.ndarray, tgt_lengths: np.ndarray, options: BatchingOptions) -> None:
-    """ValueError naming the first sample that cannot fit in any batch (the preprocess filter prevents it)."""
+def check_lengths(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, options: BatchingOptions
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lengths rounded up to ``length_multiple``; ValueError naming the first sample that cannot fit
+    in any batch (the preprocess filter prevents it)."""
     if src_lengths.shape != tgt_lengths.shape or src_lengths.ndim != 1:
         raise ValueError(f"src_lengths {src_lengths.shape} and tgt_lengths {tgt_lengths.shape} must be equal 1-D")
     src = round_up(src_lengths, options.length_multiple)
@@ -147,6 +150,7 @@ def check_lengths(src_lengths: np.ndarray, tgt_lengths: np.ndarray, options: Bat
             f"{options.length_multiple}) exceeds max_tokens={options.max_tokens}; "
             f"{too_long.size} samples do; filter them in preprocessing or raise max_tokens"
         )
+    return src, tgt
 
 
 def lexsort_int(keys: list[np.ndarray]) -> np.ndarray:
@@ -157,9 +161,10 @@ def lexsort_int(keys: list[np.ndarray]) -> np.ndarray:
     """
     radices = [int(k.max(initial=0)) + 1 for k in keys]
     if np.prod(np.array(radices, dtype=np.float64)) < 2.0**63:
-        packed = np.zeros(keys[0].shape[0], dtype=np.int64)
-        for key, radix in zip(keys, radices):
-            packed = packed * radix + key
+        packed = keys[0].astype(np.int64)
+        for key, radix in zip(keys[1:], radices[1:]):
+            packed *= radix  # in place: 10M-row temporaries cost as much as the sort
+            packed += key
         return np.argsort(packed)
     return np.lexsort(keys[::-1])
 
@@ -268,11 +273,9 @@ def global_batches(
     """
     src_lengths = np.asarray(src_lengths)
     tgt_lengths = np.asarray(tgt_lengths)
-    check_lengths(src_lengths, tgt_lengths, options)
+    src, tgt = check_lengths(src_lengths, tgt_lengths, options)
     if options.competence_updates is not None and difficulty is None:
         raise ValueError("competence_updates needs a curriculum (difficulty per sample)")
-    src = round_up(src_lengths, options.length_multiple)
-    tgt = round_up(tgt_lengths, options.length_multiple)
     rngs = [np.random.default_rng([options.seed, epoch, stream]) for stream in range(3)]
     active = difficulty is not None and curriculum_active(options, epoch=epoch, start_update=start_update)
     fractions = difficulty_fractions(difficulty) if active else None
