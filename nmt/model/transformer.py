@@ -56,6 +56,29 @@ def _linear(in_dim: int, out_dim: int, *, num_chunks: int = 1, gain: float = 1.0
     return linear
 
 
+class KeyBiasFreeLinear(nn.Linear):
+    """A fused projection (QKV or KV) whose key chunk has no bias.
+
+    A key bias adds ``q . b`` to every score of a query, a constant that softmax removes: its
+    gradient is exactly zero in theory and float noise in practice, and Adam normalises that noise
+    into full-size steps, so runs that differ only in summation order (1 rank x 2 accumulation
+    steps vs 2 ranks) drift apart. Masking the key chunk keeps it at zero with an exact zero
+    gradient; the state dict keeps the usual ``weight``/``bias`` layout.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, num_chunks: int, key_chunk: int, gain: float) -> None:
+        super().__init__(in_dim, out_dim)
+        for chunk in self.weight.detach().chunk(num_chunks, dim=0):
+            nn.init.xavier_uniform_(chunk, gain=gain)
+        nn.init.zeros_(self.bias)
+        mask = torch.ones(out_dim)
+        mask.view(num_chunks, -1)[key_chunk] = 0.0
+        self.register_buffer("bias_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias * self.bias_mask)
+
+
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
     """fairseq's sinusoids: (num_positions, dim), sines in the first half, cosines in the second."""
     half = dim // 2
@@ -128,7 +151,7 @@ class SelfAttention(_Attention):
     def __init__(self, dim: int, num_heads: int, *, dropout: float) -> None:
         super().__init__(dim, num_heads, dropout=dropout)
         # fairseq scales q/k/v init by 1/sqrt(2) when they share the input dim.
-        self.qkv_proj = _linear(dim, 3 * dim, num_chunks=3, gain=2**-0.5)
+        self.qkv_proj = KeyBiasFreeLinear(dim, 3 * dim, num_chunks=3, key_chunk=1, gain=2**-0.5)
 
     def forward(self, x: torch.Tensor, mask: AttentionMask, *, cache: KVCache | None = None) -> torch.Tensor:
         """x (B, T, D) or (N, D); with ``cache``, x is one step (B, 1, D) and the cache grows."""
@@ -146,7 +169,7 @@ class CrossAttention(_Attention):
         super().__init__(dim, num_heads, dropout=dropout)
         gain = 2**-0.5 if encoder_dim == dim else 1.0  # fairseq's rule (qkv_same_dim)
         self.q_proj = _linear(dim, dim, gain=gain)
-        self.kv_proj = _linear(encoder_dim, 2 * dim, num_chunks=2, gain=gain)
+        self.kv_proj = KeyBiasFreeLinear(encoder_dim, 2 * dim, num_chunks=2, key_chunk=0, gain=gain)
 
     def project_kv(self, encoder_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, De) or (Ns, De) -> keys, values (..., H, Dh)."""

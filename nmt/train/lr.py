@@ -92,7 +92,7 @@ class VariableBatchSizeLR:
             group["lr"] = base_lr
         with warnings.catch_warnings():
             # Stepping before optimizer.step() is deliberate: the lr must be set for *this* update.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.base.step()
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.last_scale = batch_size_scale(batch_size, reference=self.reference, rule=self.rule)

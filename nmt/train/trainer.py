@@ -1,11 +1,12 @@
 """The training loop, readable top to bottom.
 
 One update = ``update_freq`` micro-batches on each of W ranks. The global batch sequence of an epoch
-does not depend on W (see ``nmt.data.batching``): rank r runs global batches r, r+W, ..., so update k
-covers global batches [k*W*U, (k+1)*W*U) whatever W and U are, as long as W*U is fixed. Everything
-random in a micro-batch (dropout) is seeded from (seed, epoch, global batch index), and the loss is
-normalised once by the update's target-token count computed from the *global* batch list, so
-2 ranks x U=1 and 1 rank x U=2 take the same steps.
+does not depend on W (see ``nmt.data.batching``): each step of W consecutive global batches is dealt
+out to the W ranks, so update k covers global batches [k*W*U, (k+1)*W*U) whatever W and U are, as
+long as W*U is fixed. Everything random in a micro-batch (dropout) is seeded from (seed, epoch, the
+batch's first sample), never from the rank, and the loss is normalised once by the update's
+target-token count computed from the *global* batch list, so 2 ranks x U=1 and 1 rank x U=2 take
+the same steps.
 """
 
 from __future__ import annotations
@@ -71,9 +72,13 @@ class UpdateStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def micro_seed(seed: int, epoch: int, global_batch: int, part: int) -> int:
-    """A dropout seed that depends on the data position only, never on the rank or world size."""
-    return int(np.random.SeedSequence([seed, epoch, global_batch, part]).generate_state(1, dtype=np.uint64)[0] >> 1)
+def micro_seed(seed: int, epoch: int, batch_key: int, part: int) -> int:
+    """A dropout seed from the data alone, never from the rank or world size.
+
+    ``batch_key`` is the batch's first sample index: batches of an epoch are disjoint slices of
+    one permutation, so it names the batch whichever rank runs it, at whatever position.
+    """
+    return int(np.random.SeedSequence([seed, epoch, batch_key, part]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def read_difficulty(spec: str | None, corpus: ParallelCorpus) -> str | np.ndarray | None:
@@ -308,20 +313,20 @@ class Trainer:
         return [indices[np.asarray(p, dtype=np.int64)] for p in parts]
 
     def run_update(self, micro_batches: list[tuple[int, np.ndarray]], *, update_tokens: int, update_sentences: int) -> UpdateStats:
-        """Forward/backward every (global batch index, sample indices) pair of this rank, then step."""
+        """Forward/backward every (batch key, sample indices) pair of this rank, then step."""
         cfg, world = self.cfg, self.env.world_size
         self.wrapped.train()
         sums = torch.zeros(3, dtype=torch.float64)  # loss, nll, padded tokens
         work: list[tuple[int, int, np.ndarray]] = []
-        for global_index, indices in micro_batches:
+        for batch_key, indices in micro_batches:
             for part_index, part in enumerate(self.split_microbatches(indices)):
-                work.append((global_index, part_index, part))
+                work.append((batch_key, part_index, part))
         # The gradient of sum(loss) / update_tokens: DDP averages over ranks, hence the factor W.
         scale = world / max(update_tokens, 1)
-        for position, (global_index, part_index, indices) in enumerate(work):
+        for position, (batch_key, part_index, indices) in enumerate(work):
             dummy = indices.size == 0
             batch = self.to_device(self.make_batch(np.zeros(1, dtype=np.int64) if dummy else indices))
-            torch.manual_seed(micro_seed(cfg.seed, self.state.epoch, global_index, part_index))
+            torch.manual_seed(micro_seed(cfg.seed, self.state.epoch, batch_key, part_index))
             with maybe_no_sync(self.wrapped, sync=position == len(work) - 1):
                 loss, nll = self.forward_loss(self.compiled.model if self.compiled else self.wrapped, batch)
                 weight = 0.0 if dummy else scale  # dummy batches keep DDP in step but carry no gradient
@@ -431,8 +436,8 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- the loop
     def update_batches(self, global_batches: Batches, rank_batches: Batches, update_index: int) -> tuple[list[tuple[int, np.ndarray]], int, int]:
-        """This rank's micro-batches of update ``update_index`` and the update's global token/sentence counts."""
-        cfg, world, rank = self.cfg, self.env.world_size, self.env.rank
+        """This rank's (batch key, indices) for update ``update_index``, and the update's global token/sentence counts."""
+        cfg, world = self.cfg, self.env.world_size
         per_update = world * cfg.update_freq
         first, last = update_index * per_update, min((update_index + 1) * per_update, len(global_batches))
         global_indices = np.concatenate([global_batches[g] for g in range(first, last)]) if last > first else np.zeros(0, dtype=np.int64)
@@ -441,7 +446,8 @@ class Trainer:
         for u in range(cfg.update_freq):
             local_index = update_index * cfg.update_freq + u
             if local_index < len(rank_batches):
-                local.append((local_index * world + rank, rank_batches[local_index]))
+                indices = rank_batches[local_index]
+                local.append((int(indices[0]) if indices.size else -1, indices))
         return local, update_tokens, int(global_indices.size)
 
     def train(self) -> TrainState:

@@ -1,0 +1,149 @@
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.checkpoint_io import load_checkpoint
+from nmt.train.trainer import micro_seed
+
+from .conftest import parse_log, run_subprocess, train_command
+
+
+def losses(records):
+    return np.array([r["loss"] for r in records])
+
+
+def test_tiny_model_trains_and_loss_falls(tiny_data, tmp_path):
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "40")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = parse_log(result.stdout)
+    assert [r["update"] for r in records] == list(range(1, 41))
+    for key in ("update", "epoch", "loss", "lr", "ntokens", "nsentences", "wps"):
+        assert key in records[0]
+    assert losses(records)[-5:].mean() < 0.7 * losses(records)[:5].mean()
+    state = load_checkpoint(str(tmp_path / "ck" / "checkpoint_last.pt"))
+    assert state["num_updates"] == 40 and state["model_config"]["encoder_embed_dim"] == 32
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_rank_with_twice_the_accumulation(tiny_data, tmp_path):
+    """2 ranks x update-freq 1 == 1 rank x update-freq 2, with dropout on (seeded per batch)."""
+    common = ["--max-update", "12", "--dropout", "0.1"]
+    one = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "one", *common, "--update-freq", "2")])
+    two = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "two", *common, "--update-freq", "1")], torchrun_procs=2)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = parse_log(one.stdout), parse_log(two.stdout)
+    assert len(a) == len(b) == 12
+    assert [r["ntokens"] for r in a] == [r["ntokens"] for r in b]
+    np.testing.assert_allclose(losses(a), losses(b), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_reproduces_the_uninterrupted_losses(tiny_data, tmp_path):
+    args = ["--max-update", "30", "--save-interval-updates", "3", "--dropout", "0.1"]
+    reference = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ref", *args)])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = {r["update"]: r["loss"] for r in parse_log(reference.stdout)}
+
+    save_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "nmt_cli.train", tiny_data, *train_command(tiny_data, save_dir, *args)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    seen = []
+    for line in process.stdout:
+        seen.extend(parse_log(line))
+        if seen and seen[-1]["update"] >= 14:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    resumed = run_subprocess([tiny_data, *train_command(tiny_data, save_dir, *args)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = parse_log(resumed.stdout)
+    assert after[0]["update"] in (13, 14, 15, 16)  # resumes from the last save (every 3 updates)
+    assert after[-1]["update"] == 30
+    for record in seen + after:
+        assert record["loss"] == pytest.approx(expected[record["update"]], rel=1e-6), record["update"]
+
+
+def test_sigterm_finishes_the_update_saves_and_exits_0(tiny_data, tmp_path):
+    command = [sys.executable, "-m", "nmt_cli.train", tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "100000")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in process.stdout:
+        if parse_log(line) and parse_log(line)[-1]["update"] >= 3:
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = process.stdout.read()
+    assert process.wait(timeout=60) == 0
+    last_update = max([r["update"] for r in parse_log(rest)], default=3)
+    assert load_checkpoint(str(tmp_path / "ck" / "checkpoint_last.pt"))["num_updates"] == last_update
+
+
+def make_trainer(tiny_data, save_dir, *extra):
+    from nmt_cli.train import build_parser, make_configs
+    from nmt.train.trainer import Trainer
+
+    train_cfg, model_cfg = make_configs(build_parser().parse_args([tiny_data, *train_command(tiny_data, save_dir, *extra)]))
+    return Trainer(train_cfg, model_cfg)
+
+
+def test_padded_and_packed_layouts_give_the_same_update(tiny_data, tmp_path):
+    """Same samples, both layouts: same loss, same gradients, same parameters after the step."""
+    # Dropout off: its masks are drawn over differently shaped tensors in the two layouts.
+    trainers = [make_trainer(tiny_data, tmp_path / layout, "--layout", layout, "--dropout", "0") for layout in ("padded", "packed")]
+    micro = [(0, np.arange(0, 9)), (20, np.arange(20, 31))]
+    tokens = int(trainers[0].tgt_lengths[np.r_[0:9, 20:31]].sum())
+    stats = [t.run_update(micro, update_tokens=tokens, update_sentences=20) for t in trainers]
+    assert stats[0].loss == pytest.approx(stats[1].loss, rel=1e-5)
+    assert stats[0].grad_norm == pytest.approx(stats[1].grad_norm, rel=1e-4)
+    for (name, a), (_, b) in zip(trainers[0].model.named_parameters(), trainers[1].model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_max_tokens_per_microbatch_splits_without_changing_the_update(tiny_data, tmp_path):
+    whole = make_trainer(tiny_data, tmp_path / "whole", "--dropout", "0")
+    split = make_trainer(tiny_data, tmp_path / "split", "--dropout", "0", "--max-tokens-per-microbatch", "40")
+    indices = np.arange(0, 12)
+    assert len(split.split_microbatches(indices)) > 1
+    tokens = int(whole.tgt_lengths[indices].sum())
+    a = whole.run_update([(0, indices)], update_tokens=tokens, update_sentences=12)
+    b = split.run_update([(0, indices)], update_tokens=tokens, update_sentences=12)
+    assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+
+
+def test_checkpoint_loads_with_weights_only_and_rejects_pickled_code(tiny_data, tmp_path):
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "2")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    path = tmp_path / "ck" / "checkpoint_last.pt"
+    state = torch.load(path, weights_only=True)  # no code runs from the file
+    assert {"model", "optimizer", "lr_scheduler", "sampler", "rng", "train_config", "model_config", "vocab"} <= set(state)
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    evil = tmp_path / "evil.pt"
+    with open(evil, "wb") as handle:
+        pickle.dump({"format": "nmt-checkpoint", "x": Payload()}, handle, protocol=2)
+    with pytest.raises(ValueError, match="not an nmt checkpoint"):
+        load_checkpoint(str(evil))
+
+
+def test_bad_options_give_one_line_errors(tiny_data, tmp_path):
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "2", "--update-freq", "0")])
+    assert result.returncode == 1 and "--update-freq" in result.stderr
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--encoder-embed-dim", "30")])
+    assert result.returncode == 1 and "--encoder-embed-dim" in result.stderr
+
+
+def test_dropout_seed_depends_on_position_only():
+    assert micro_seed(1, 0, 5, 0) == micro_seed(1, 0, 5, 0)
+    assert len({micro_seed(1, 0, g, 0) for g in range(100)} | {micro_seed(1, 1, 0, 0), micro_seed(2, 0, 0, 0)}) == 102
