@@ -92,7 +92,8 @@ def test_world_ranks_times_accumulation_see_the_batches_of_one_rank(world, updat
             for b in shards[r][update * update_freq : (update + 1) * update_freq]
             if b.size
         ]
-        expected = [reference[i].tolist() for i in range(update * per_update, min((update + 1) * per_update, len(reference)))]
+        positions = range(update * per_update, min((update + 1) * per_update, len(reference)))
+        expected = [reference[i].tolist() for i in positions]
         assert sorted(seen) == sorted(expected)
 
 
@@ -146,7 +147,12 @@ def test_too_long_sample_is_an_error_naming_it():
 
 @pytest.mark.parametrize(
     "kwargs,name",
-    [({"noise_mode": "x"}, "noise_mode"), ({"max_sentences": 0}, "max_sentences"), ({"noise": 1.5}, "noise"), ({"rank": 2}, "rank")],
+    [
+        ({"noise_mode": "x"}, "noise_mode"),
+        ({"max_sentences": 0}, "max_sentences"),
+        ({"noise": 1.5}, "noise"),
+        ({"rank": 2}, "rank"),
+    ],
 )
 def test_bad_options_name_the_option(kwargs, name):
     with pytest.raises(ValueError, match=name):

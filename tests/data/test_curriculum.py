@@ -90,7 +90,10 @@ def test_competence_schedule_after_full_competence_keeps_the_base_order():
 
 
 @settings(max_examples=50, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3)), max_size=40), query=st.tuples(st.integers(0, 4), st.integers(-3, 3)))
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 4), st.integers(-3, 3)), max_size=40),
+    query=st.tuples(st.integers(0, 4), st.integers(-3, 3)),
+)
 def test_lexsort_rows_and_lex_greater_equal_agree_with_python(rows, query):
     array = np.array(rows, dtype=np.int64).reshape(-1, 2)
     ordered = array[lexsort_rows(array)] if rows else array
@@ -121,11 +124,13 @@ def pool(request):
 def test_distributed_sample_sort_equals_single_process_sort(pool, data):
     num_rows = data.draw(st.integers(min_value=0, max_value=120))
     # Few distinct difficulties: heavy duplicates, split only by the index column.
-    difficulty = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.5, 2.0, -1.0]), min_size=num_rows, max_size=num_rows)))
+    levels = st.sampled_from([0.0, 0.5, 2.0, -1.0])
+    difficulty = np.array(data.draw(st.lists(levels, min_size=num_rows, max_size=num_rows)))
     index = np.array(data.draw(st.permutations(range(num_rows))), dtype=np.float64)
     rows = np.stack([difficulty, index], axis=1) if num_rows else np.zeros((0, 2))
     # Random cut points give uneven, possibly empty shards.
-    cuts = sorted(data.draw(st.lists(st.integers(0, num_rows), min_size=pool.world_size - 1, max_size=pool.world_size - 1)))
+    num_cuts = pool.world_size - 1
+    cuts = sorted(data.draw(st.lists(st.integers(0, num_rows), min_size=num_cuts, max_size=num_cuts)))
     shards = np.split(rows, cuts)
     samples = data.draw(st.sampled_from([1, 3, 64]))
     slices = pool.run(sample_sort_task, [(shard, samples) for shard in shards])
