@@ -142,6 +142,11 @@ class ModelConfig:
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, name, f"must be in [0, 1), got {value}")
         _require(self.activation_fn in ("relu", "gelu"), "activation_fn", f"must be relu or gelu, got {self.activation_fn!r}")
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            size = getattr(self, name)
+            _require(0 <= self.pad_id < size, name, f"({size}) must hold the padding id {self.pad_id}")
+        for name in ("max_source_positions", "max_target_positions"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(
             self.attention in ("auto", "xformers", "sdpa", "varlen"),
             "attention",

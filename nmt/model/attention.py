@@ -9,8 +9,9 @@ Layouts (``H`` heads of ``Dh`` dims):
 Backends (``--attention``):
 
 - ``sdpa``: :func:`torch.nn.functional.scaled_dot_product_attention`. Padded: an additive float key
-  mask ``(B, 1, 1, S)`` (measured on 2 CPU cores: faster than the boolean mask, which SDPA converts
-  on every call) and ``is_causal`` for decoder self-attention. Packed: the projections and FFN stay
+  mask ``(B, 1, 1, S)``, built once per batch in the query dtype (SDPA turns a boolean mask into this
+  on every call; ``benchmarks/attention.py`` times the forms: all within noise on 2 CPU cores), and
+  ``is_causal`` (no mask tensor) for decoder self-attention. Packed: the projections and FFN stay
   on packed tokens; queries/keys/values are gathered into a padded ``(B, T)`` view only around the
   attention call and the result is gathered back (dense block-diagonal masks over the packed
   sequence are ~10x slower on CPU, nested tensors fall back to a slow path without causal masks).

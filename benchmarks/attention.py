@@ -1,0 +1,213 @@
+"""Forward+backward time of one encoder-decoder training step, per batch layout and attention backend.
+
+transformer_tiny (8k vocabularies) on Multi30k-like synthetic batches of ``--max-tokens`` tokens
+(lengths ~ mean 14, range 3-40, as Multi30k en-de after SentencePiece):
+
+- padded, random batching: samples in random order, padded to the longest in the batch;
+- padded, length-sorted batching: samples sorted by length first (little padding);
+- packed: the random batches' samples back to back (no padding at all; sdpa gathers a padded
+  view only around each attention call).
+
+A step = forward, output projection of the real target positions, summed cross-entropy, backward.
+On CUDA (bf16 autocast) the same layouts are timed with every backend that runs there.
+
+    .venv/bin/python benchmarks/attention.py            # ~1 minute on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nmt.model import ARCHS, TransformerModel, build_model
+
+PAD, BOS, NUM_SPECIALS = 0, 1, 4
+
+
+@dataclass
+class Batch:
+    src_lengths: torch.Tensor  # (B,)
+    tgt_lengths: torch.Tensor  # (B,)
+    padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), prev (B, T), target (B, T)
+    packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (Ns,), prev (Nt,), target (Nt,)
+
+    @property
+    def num_target_tokens(self) -> int:
+        return int(self.tgt_lengths.sum())
+
+
+
+def multi30k_like_lengths(num_samples: int, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Source/target lengths (pieces + EOS): log-normal around 14, clipped to 3-40, correlated."""
+    src = np.clip(np.round(rng.lognormal(np.log(13.0), 0.35, num_samples)), 3, 40).astype(np.int64)
+    tgt = np.clip(np.round(src * rng.normal(1.05, 0.15, num_samples)), 3, 40).astype(np.int64)
+    return src, tgt
+
+
+def token_budget_batches(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, *, max_tokens: int) -> list[np.ndarray]:
+    """Consecutive samples of ``order`` while (batch size x longest side) fits ``max_tokens`` (fairseq)."""
+    batches, start, longest = [], 0, 0
+    for end, index in enumerate(order):
+        longest_now = max(longest, src[index], tgt[index])
+        if (end - start + 1) * longest_now > max_tokens:
+            batches.append(order[start:end])
+            start, longest_now = end, max(src[index], tgt[index])
+        longest = longest_now
+    batches.append(order[start:])
+    return batches
+
+
+def make_batch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, *, vocab: int, device: torch.device) -> Batch:
+    src_len = torch.from_numpy(src_lengths)
+    tgt_len = torch.from_numpy(tgt_lengths)
+    src_valid = torch.arange(int(src_len.max())) < src_len[:, None]  # (B, S)
+    tgt_valid = torch.arange(int(tgt_len.max())) < tgt_len[:, None]  # (B, T)
+    src = torch.randint(NUM_SPECIALS, vocab, src_valid.shape).masked_fill(~src_valid, PAD)
+    target = torch.randint(NUM_SPECIALS, vocab, tgt_valid.shape).masked_fill(~tgt_valid, PAD)
+    prev = torch.cat([torch.full((target.shape[0], 1), BOS), target[:, :-1]], dim=1).masked_fill(~tgt_valid, PAD)
+    padded = tuple(t.to(device) for t in (src, prev, target))
+    packed = tuple(t[valid].to(device) for t, valid in ((src, src_valid), (prev, tgt_valid), (target, tgt_valid)))
+    return Batch(src_len.to(device), tgt_len.to(device), padded, packed)  # type: ignore[arg-type]
+
+
+def train_step(model: TransformerModel, batch: Batch, *, packed: bool, autocast: bool) -> None:
+    device_type = batch.src_lengths.device.type
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
+        if packed:
+            src, prev, target = batch.packed
+            hidden = model(src, batch.src_lengths, prev, batch.tgt_lengths, packed=True)  # (Nt, D)
+        else:
+            src, prev, target = batch.padded
+            hidden = model(src, batch.src_lengths, prev, batch.tgt_lengths)[target != PAD]  # (Nt, D)
+            target = target[target != PAD]
+        logits = model.output_projection(hidden)  # (Nt, V): only real positions are projected
+        loss = F.cross_entropy(logits.float(), target, reduction="sum")
+    loss.backward()
+
+
+def time_step(model: TransformerModel, batch: Batch, *, packed: bool, autocast: bool) -> float:
+    synchronize = torch.cuda.synchronize if batch.src_lengths.is_cuda else (lambda: None)
+    model.zero_grad(set_to_none=True)
+    synchronize()
+    start = time.perf_counter()
+    train_step(model, batch, packed=packed, autocast=autocast)
+    synchronize()
+    return time.perf_counter() - start
+
+
+def run_layouts(
+    backend: str, *, device: torch.device, batches: dict[str, list[Batch]], repeats: int, autocast: bool, vocab: int
+) -> None:
+    """Target tokens per second of each layout; layouts alternate batch by batch, so load from other
+    processes on the machine falls on all of them alike (one warm-up pass is not timed)."""
+    torch.manual_seed(0)
+    cfg = ARCHS["transformer_tiny"](src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, attention=backend)
+    model = build_model(cfg).to(device).train()
+    layouts = [
+        ("padded, random batches", "random", False),
+        ("padded, length-sorted", "sorted", False),
+        ("packed (random batches)", "random", True),
+    ]
+    if backend == "varlen":  # varlen runs sdpa on padded batches: nothing new to time
+        layouts = layouts[2:]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in layouts}
+    for repeat in range(repeats + 1):
+        for index in range(len(batches["random"])):
+            for name, key, packed in layouts:
+                seconds = time_step(model, batches[key][index], packed=packed, autocast=autocast)
+                if repeat > 0:
+                    times[name].append(seconds)
+    rows = []
+    for name, key, packed in layouts:
+        num_target = sum(b.num_target_tokens for b in batches[key])
+        num_computed = num_target if packed else sum(b.padded[1].numel() for b in batches[key])
+        # Best and median pass over the same batches: the best is the least disturbed by other load.
+        passes = [sum(times[name][i : i + len(batches[key])]) for i in range(0, len(times[name]), len(batches[key]))]
+        rows.append((name, num_target / min(passes), num_target / statistics.median(passes), num_target / num_computed))
+    baseline = rows[0][1]
+    for name, best, median, density in rows:
+        print(
+            f"  {backend:9s} {name:26s} {best:7.0f} tgt tok/s (median {median:6.0f})"
+            f"   real/computed target tokens {density:4.2f}   speed x{best / baseline:4.2f}"
+        )
+
+
+def time_mask_forms(*, repeats: int) -> None:
+    """The attention call alone (forward+backward) with each mask form SDPA accepts."""
+    generator = torch.Generator().manual_seed(0)
+    num_samples, num_heads, length, head_dim = 160, 4, 26, 64
+    lengths = torch.randint(3, length + 1, (num_samples,), generator=generator)
+    valid = (torch.arange(length) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    forms = {
+        "bool (B,1,1,S)": valid,
+        "bool (B,1,T,S) materialised": valid.expand(-1, 1, length, -1).contiguous(),
+        "float additive (B,1,1,S)": torch.zeros(valid.shape).masked_fill(~valid, float("-inf")),
+        "no mask (reference)": None,
+    }
+    qkv = [torch.randn(num_samples, num_heads, length, head_dim, requires_grad=True) for _ in range(3)]
+    times: dict[str, list[float]] = {name: [] for name in forms}
+    for repeat in range(repeats + 1):
+        for name, mask in forms.items():  # alternating, like the layouts above
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(*qkv, attn_mask=mask).sum().backward()
+            if repeat > 0:
+                times[name].append(time.perf_counter() - start)
+    results = {name: min(values) for name, values in times.items()}
+    baseline = results["bool (B,1,1,S)"]
+    for name, seconds in results.items():
+        print(f"  {name:30s} {seconds * 1e3:7.2f} ms   speed x{baseline / seconds:4.2f} vs bool (B,1,1,S)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--num-batches", type=int, default=4, help="distinct batches per layout")
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes over the batches")
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    rng = np.random.default_rng(args.seed)
+    src, tgt = multi30k_like_lengths(29_000, rng=rng)
+    print(
+        f"lengths: src mean {src.mean():.1f} (range {src.min()}-{src.max()}), "
+        f"tgt mean {tgt.mean():.1f} (range {tgt.min()}-{tgt.max()}); max tokens {args.max_tokens}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    random_batches = token_budget_batches(rng.permutation(len(src)), src, tgt, max_tokens=args.max_tokens)
+    sorted_batches = token_budget_batches(np.lexsort((tgt, src)), src, tgt, max_tokens=args.max_tokens)
+    picks = {
+        "random": [random_batches[i] for i in rng.choice(len(random_batches) - 1, args.num_batches, replace=False)],
+        "sorted": [sorted_batches[i] for i in rng.choice(len(sorted_batches) - 1, args.num_batches, replace=False)],
+    }
+
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        batches = {
+            key: [make_batch(src[i], tgt[i], vocab=args.vocab, device=device) for i in indices]
+            for key, indices in picks.items()
+        }
+        on_cuda = device.type == "cuda"
+        print(f"\n{device.type}: transformer_tiny, one training step (fp32{' -> bf16 autocast' if on_cuda else ''})")
+        for backend in ("sdpa", "xformers", "varlen") if on_cuda else ("sdpa",):
+            try:
+                run_layouts(
+                    backend, device=device, batches=batches, repeats=args.repeats, autocast=on_cuda, vocab=args.vocab
+                )
+            except ValueError as error:  # a backend that cannot run here (e.g. no xFormers)
+                print(f"  {backend:9s} skipped: {error}")
+    print("\ncpu: SDPA mask forms, attention call only (B=160, H=4, T=26, Dh=64, forward+backward)")
+    time_mask_forms(repeats=10)
+
+
+if __name__ == "__main__":
+    main()
