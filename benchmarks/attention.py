@@ -20,12 +20,14 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt.model import ARCHS, TransformerModel, build_model
+from nmt.model import ARCHS, Packing, TransformerModel, build_model
+from nmt.model.attention import AttentionMask, attention
 
 PAD, BOS, NUM_SPECIALS = 0, 1, 4
 
@@ -138,30 +140,69 @@ def run_layouts(
         )
 
 
-def time_mask_forms(*, repeats: int) -> None:
-    """The attention call alone (forward+backward) with each mask form SDPA accepts."""
+def best_times(candidates: dict[str, Callable[[], None]], *, repeats: int) -> dict[str, float]:
+    """Best seconds of each candidate; candidates alternate, so other load falls on all alike."""
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for repeat in range(repeats + 1):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run()
+            if repeat > 0:
+                times[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in times.items()}
+
+
+def print_ratios(results: dict[str, float], *, baseline: str) -> None:
+    for name, seconds in results.items():
+        print(f"  {name:34s} {seconds * 1e3:7.2f} ms   speed x{results[baseline] / seconds:4.2f} vs {baseline}")
+
+
+def time_attention_forms(*, repeats: int) -> None:
+    """The attention call alone (forward+backward): SDPA mask forms, and packed-layout strategies."""
     generator = torch.Generator().manual_seed(0)
-    num_samples, num_heads, length, head_dim = 160, 4, 26, 64
-    lengths = torch.randint(3, length + 1, (num_samples,), generator=generator)
+    num_heads, head_dim = 4, 64
+    lengths = torch.from_numpy(multi30k_like_lengths(120, rng=np.random.default_rng(0))[0])  # (B,)
+    packing = Packing.from_lengths(lengths, num_tokens=int(lengths.sum()))
+    num_samples, length = lengths.shape[0], packing.max_len
+    print(f"\ncpu: attention call only, forward+backward (B={num_samples}, T={length}, H={num_heads}, Dh={head_dim})")
+
     valid = (torch.arange(length) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
-    forms = {
+    padded = [torch.randn(num_samples, num_heads, length, head_dim, generator=generator).requires_grad_() for _ in range(3)]
+    masks = {
         "bool (B,1,1,S)": valid,
         "bool (B,1,T,S) materialised": valid.expand(-1, 1, length, -1).contiguous(),
         "float additive (B,1,1,S)": torch.zeros(valid.shape).masked_fill(~valid, float("-inf")),
-        "no mask (reference)": None,
+        "no mask (lower bound)": None,
     }
-    qkv = [torch.randn(num_samples, num_heads, length, head_dim, requires_grad=True) for _ in range(3)]
-    times: dict[str, list[float]] = {name: [] for name in forms}
-    for repeat in range(repeats + 1):
-        for name, mask in forms.items():  # alternating, like the layouts above
-            start = time.perf_counter()
-            F.scaled_dot_product_attention(*qkv, attn_mask=mask).sum().backward()
-            if repeat > 0:
-                times[name].append(time.perf_counter() - start)
-    results = {name: min(values) for name, values in times.items()}
-    baseline = results["bool (B,1,1,S)"]
-    for name, seconds in results.items():
-        print(f"  {name:30s} {seconds * 1e3:7.2f} ms   speed x{baseline / seconds:4.2f} vs bool (B,1,1,S)")
+    print_ratios(
+        best_times(
+            {name: lambda m=mask: F.scaled_dot_product_attention(*padded, attn_mask=m).sum().backward() for name, mask in masks.items()},
+            repeats=repeats,
+        ),
+        baseline="bool (B,1,1,S)",
+    )
+
+    packed = [torch.randn(packing.positions.shape[0], num_heads, head_dim, generator=generator).requires_grad_() for _ in range(3)]
+    gathered = AttentionMask("sdpa", key_lengths=lengths, q_packing=packing, kv_packing=packing)
+    sample_of_token = torch.repeat_interleave(torch.arange(num_samples), lengths)  # (N,)
+    same_sample = sample_of_token[:, None] == sample_of_token[None, :]  # (N, N)
+    block_diagonal = torch.zeros(same_sample.shape).masked_fill(~same_sample, float("-inf"))
+    as_one_sequence = [t.transpose(0, 1)[None] for t in packed]  # (1, H, N, Dh)
+    print_ratios(
+        best_times(
+            {
+                "packed, gather around SDPA (ours)": lambda: attention(*packed, gathered, dropout_p=0.0).sum().backward(),
+                "packed, dense block-diagonal mask": lambda: F.scaled_dot_product_attention(
+                    *as_one_sequence, attn_mask=block_diagonal
+                ).sum().backward(),
+                "padded input (no gather, bound)": lambda: F.scaled_dot_product_attention(
+                    *padded, attn_mask=masks["float additive (B,1,1,S)"]
+                ).sum().backward(),
+            },
+            repeats=repeats,
+        ),
+        baseline="packed, gather around SDPA (ours)",
+    )
 
 
 def main() -> None:
@@ -205,8 +246,7 @@ def main() -> None:
                 )
             except ValueError as error:  # a backend that cannot run here (e.g. no xFormers)
                 print(f"  {backend:9s} skipped: {error}")
-    print("\ncpu: SDPA mask forms, attention call only (B=160, H=4, T=26, Dh=64, forward+backward)")
-    time_mask_forms(repeats=10)
+    time_attention_forms(repeats=10)
 
 
 if __name__ == "__main__":
