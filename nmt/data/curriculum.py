@@ -135,7 +135,7 @@ def _as_rows(keys: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 def distributed_sample_sort(
-    keys: np.ndarray | torch.Tensor, group: object = None, *, samples_per_rank: int = 256
+    keys: np.ndarray | torch.Tensor, group: object = None, *, samples_per_rank: int = 4096
 ) -> np.ndarray | torch.Tensor:
     """Sort keys spread over ranks; return this rank's contiguous slice of the global order.
 
