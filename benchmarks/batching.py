@@ -132,7 +132,7 @@ def speed_table(num_samples: int, max_tokens: int) -> None:
         start = time.perf_counter()
         batches = global_batches(src, tgt, options, epoch=0)
         seconds = time.perf_counter() - start
-        print(f"noise_mode={mode:6s}: {seconds:6.2f} s  ({len(batches):,} batches; target < 10 s: "
+        tqdm.write(f"noise_mode={mode:6s}: {seconds:6.2f} s  ({len(batches):,} batches; target < 10 s: "
               f"{'met' if seconds < 10 else 'MISSED'})")
 
 
@@ -176,7 +176,7 @@ def sample_sort_table(num_keys: int) -> None:
             p.join()
         times[world_size] = max(seconds for _, seconds, _ in got)
         sizes = [size for _, _, size in sorted(got)]
-        print(f"{world_size} process(es): {times[world_size]:6.2f} s  (slice sizes {sizes})")
+        tqdm.write(f"{world_size} process(es): {times[world_size]:6.2f} s  (slice sizes {sizes})")
     print(f"speed-up 2 vs 1: {times[1] / times[2]:.2f}x (both processes share this machine's cores)")
 
 
