@@ -181,25 +181,28 @@ def _one_token_per_row(
 def _beam_search(model: TransformerModel, state: DecoderState, max_len: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
     device = state.cross_mask.key_lengths.device
-    state.reorder(torch.arange(num_sentences, device=device).repeat_interleave(beam))  # (B*K) rows
     finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
     num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
     sentences = torch.arange(num_sentences, device=device)  # original index of each active sentence
-    prefix = torch.full((num_sentences * beam, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t+1)
-    # All beams start identical: only beam 0 may expand at the first step.
-    sums = torch.full((num_sentences, beam), -torch.inf, device=device)
+    # All beams start identical, so the first step runs on one row per sentence (beam 0, the only
+    # one with a finite score); the state grows to sentences x beams when that step's beams are chosen.
+    prefix = torch.full((num_sentences, 1), BOS_ID, dtype=torch.long, device=device)  # (rows, t+1)
+    sums = torch.full((num_sentences, beam), -torch.inf, device=device)  # (B, K) log-prob sums
     sums[:, 0] = 0.0
     candidate_rank = torch.arange(2 * beam, device=device)  # (2K,)
     for step in range(int(max_len.max()) + 1):
         num_active = sentences.shape[0]
-        force_eos = _force_eos_rows(step, max_len, rows_per_sentence=beam, device=device)
-        lprobs = _next_log_probs(model, state, prefix, step=step, force_eos=force_eos, cfg=cfg)  # (B*K, V)
+        rows_per_sentence = prefix.shape[0] // num_active  # 1 at the first step, then K
+        force_eos = _force_eos_rows(step, max_len, rows_per_sentence=rows_per_sentence, device=device)
+        lprobs = _next_log_probs(model, state, prefix, step=step, force_eos=force_eos, cfg=cfg)  # (rows, V)
         vocab_size = lprobs.shape[1]
-        candidates = (sums[:, :, None] + lprobs.view(num_active, beam, vocab_size)).view(num_active, -1)
+        # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.
+        candidates = (sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)).view(num_active, -1)
         top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K), best first
         top_beams = torch.div(top_index, vocab_size, rounding_mode="floor")
         top_tokens = top_index % vocab_size
-        top_rows = top_beams + torch.arange(num_active, device=device)[:, None] * beam  # (B, 2K) batch rows
+        # Row of each candidate's parent in the current state (every beam's parent is row 0 at first).
+        top_rows = torch.arange(num_active, device=device)[:, None] * rows_per_sentence + top_beams * (rows_per_sentence > 1)
         is_eos = top_tokens == EOS_ID  # (B, 2K)
 
         # Finish the EOS candidates among the first K (the fairseq rule), while a sentence has room.
@@ -217,7 +220,7 @@ def _beam_search(model: TransformerModel, state: DecoderState, max_len: np.ndarr
 
         # The first K non-EOS candidates continue (there are always K among 2K: one EOS per beam at most).
         keep_rank = (is_eos * (2 * beam) + candidate_rank).topk(beam, dim=1, largest=False).indices  # (B, K)
-        next_rows = top_rows.gather(1, keep_rank)  # (B, K) rows of the current batch
+        next_rows = top_rows.gather(1, keep_rank)  # (B, K) parent rows in the current state
         next_tokens = top_tokens.gather(1, keep_rank)
         sums = top_sums.gather(1, keep_rank)
 
@@ -231,7 +234,8 @@ def _beam_search(model: TransformerModel, state: DecoderState, max_len: np.ndarr
             next_rows, next_tokens, sums = next_rows[keep], next_tokens[keep], sums[keep]
             sentences = sentences[keep]
             max_len = max_len[keep.cpu().numpy()]
-            # Rows of kept sentences only: the encoder side shrinks with the caches.
+        if rows_per_sentence == 1 or next_rows.shape[0] < num_active:
+            # Expanding to K beams, or dropping finished sentences: the encoder side changes too.
             state.reorder(next_rows.view(-1))
         else:
             # Beams move within their own sentence, whose encoder keys/values are the same for every
