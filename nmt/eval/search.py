@@ -63,8 +63,8 @@ def generate(
     encoder_out = model.encode(src_tokens, src_lengths)
     state = model.init_decoder_state(encoder_out)
     if cfg.sampling or cfg.beam == 1:
-        return _one_token_per_row(model, state, max_len, cfg, generator=generator)
-    return _beam_search(model, state, max_len, cfg)
+        return _one_token_per_row(model, state, max_len, cfg, generator=generator, device=src_tokens.device)
+    return _beam_search(model, state, max_len, cfg, device=src_tokens.device)
 
 
 def _next_log_probs(
@@ -142,6 +142,7 @@ def _one_token_per_row(
     cfg: EvalConfig,
     *,
     generator: torch.Generator | None,
+    device: torch.device,
 ) -> list[list[Hypothesis]]:
     """Greedy (argmax) or sampling: each row extends one hypothesis; no beams to reorder.
 
@@ -149,7 +150,6 @@ def _one_token_per_row(
     """
     num_sentences = len(max_len)
     per_sentence = cfg.beam if cfg.sampling else 1
-    device = state.cross_mask.key_lengths.device
     num_rows = num_sentences * per_sentence
     if per_sentence > 1:
         state.reorder(torch.arange(num_sentences, device=device).repeat_interleave(per_sentence))
@@ -178,9 +178,10 @@ def _one_token_per_row(
     return finished.best(num_sentences, per_sentence=per_sentence, nbest=cfg.nbest)
 
 
-def _beam_search(model: TransformerModel, state: DecoderState, max_len: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
+def _beam_search(
+    model: TransformerModel, state: DecoderState, max_len: np.ndarray, cfg: EvalConfig, *, device: torch.device
+) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
-    device = state.cross_mask.key_lengths.device
     finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
     num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
     sentences = torch.arange(num_sentences, device=device)  # original index of each active sentence

@@ -83,7 +83,7 @@ def test_beam_1_equals_greedy(tiny) -> None:
     with torch.inference_mode():
         state = translator.model.init_decoder_state(translator.model.encode(src, src_lengths))
         max_len = max_target_lengths(src_lengths.numpy(), cfg, max_positions=translator.model.cfg.max_target_positions)
-        beam = _beam_search(translator.model, state, max_len, cfg)
+        beam = _beam_search(translator.model, state, max_len, cfg, device=src.device)
     assert [h[0].tokens for h in beam] == [h[0].tokens for h in greedy]
     np.testing.assert_allclose([h[0].score for h in beam], [h[0].score for h in greedy], rtol=1e-5)
 

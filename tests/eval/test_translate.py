@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -119,3 +121,12 @@ def test_line_chunks_split_on_newline_only() -> None:
     assert chunks == [["a\u2028b", "c\x0cd"], ["", "last"]]
     with pytest.raises(ValueError, match="x:2: invalid UTF-8"):
         list(iter_line_chunks(io.BytesIO(b"ok\n\xff\n"), size=10, name="x"))
+
+
+def test_imports_point_one_way() -> None:
+    """``import nmt`` loads no torch; ``nmt.eval`` never imports ``nmt.train``."""
+    code = (
+        "import sys, nmt; assert 'torch' not in sys.modules; "
+        "import nmt.eval; assert not [m for m in sys.modules if m.startswith('nmt.train')], 'nmt.eval imports nmt.train'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
