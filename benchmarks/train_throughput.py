@@ -1,0 +1,171 @@
+"""Training throughput (target tokens/s) on the bundled Multi30k, side by side.
+
+    python benchmarks/train_throughput.py [--updates 8] [--skip-compile] [--skip-processes]
+
+Model: transformer_tiny (3+3 layers, 256 dim, FFN 1024, 4 heads, shared embeddings, 8k joint
+SentencePiece vocabulary), --max-tokens 4096, fp32, dropout 0.1: the fairseq reference setting.
+Rows: padded + random batches (a plain PyTorch loop: shuffled samples cut under the budget),
+padded + our sampler, packed + our sampler, each also with --compile (static shapes; warm-up time
+reported separately, steady state measured); then 1 vs 2 CPU processes (torchrun, gloo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "runs", "bench-data")
+# Measured on this 2-core machine (issue 5): fairseq 0.12.2, same model and data, fp32.
+FAIRSEQ_TOKENS_PER_SECOND = 2230.0
+
+
+def ensure_data() -> None:
+    if not os.path.exists(os.path.join(DATA, "manifest.json")):
+        mk = os.path.join(ROOT, "data", "multi30k")
+        subprocess.run(
+            [sys.executable, "-m", "nmt_cli.preprocess", "-s", "en", "-t", "de", "--trainpref", f"{mk}/train",
+             "--validpref", f"{mk}/val", "--destdir", DATA, "--overwrite"],
+            check=True,
+        )
+
+
+def make_trainer(save_dir: str, *extra: str):
+    from nmt.train.trainer import Trainer
+    from nmt_cli.train import build_parser, make_configs
+
+    args = [DATA, "--save-dir", save_dir, "--share-all-embeddings", "--max-tokens", "4096", *extra]
+    train_cfg, model_cfg = make_configs(build_parser().parse_args(args))
+    return Trainer(train_cfg, model_cfg)
+
+
+def random_batches(trainer, *, seed: int) -> list[np.ndarray]:
+    """What a plain loop does: shuffle, then cut greedily under the padded token budget."""
+    from nmt.data.batching import greedy_offsets
+
+    src = np.asarray(trainer.train_data.src_lengths, dtype=np.int64)
+    tgt = np.asarray(trainer.train_data.tgt_lengths, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(src.shape[0])
+    offsets = greedy_offsets(src[order], tgt[order], trainer.cfg.max_tokens, packed=False)
+    return [order[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def measure(trainer, batches: list[np.ndarray], *, warmup: int, updates: int) -> tuple[float, float]:
+    """(target tokens/s, padding ratio) over ``updates`` updates after ``warmup`` untimed ones."""
+    def run(batch: np.ndarray):
+        return trainer.run_update([(int(batch[0]), batch)], update_tokens=int(trainer.tgt_lengths[batch].sum()), update_sentences=len(batch))
+
+    for batch in batches[:warmup]:
+        run(batch)
+    tokens = padded = 0
+    started = time.perf_counter()
+    for batch in batches[warmup : warmup + updates]:
+        stats = run(batch)
+        tokens += stats.ntokens
+        padded += stats.padded_tokens
+    elapsed = time.perf_counter() - started
+    src_tokens = int(trainer.train_data.src_lengths[np.concatenate(batches[warmup : warmup + updates])].sum())
+    return tokens / elapsed, 1.0 - (tokens + src_tokens) / max(padded, 1)
+
+
+def compile_for(trainer, batches: list[np.ndarray]) -> float:
+    """Compile exactly the shapes of the measured batches; returns the warm-up seconds."""
+    from nmt.train.compile import CompiledStep, shape_buckets
+
+    longest = [int(max(trainer.train_data.src_lengths[b].max(), trainer.train_data.tgt_lengths[b].max())) for b in batches]
+    all_shapes = shape_buckets(trainer.train_data.src_lengths, trainer.train_data.tgt_lengths,
+                               max_tokens=trainer.cfg.max_tokens, length_multiple=trainer.cfg.length_multiple, max_sentences=None)
+    needed = {-(-n // trainer.cfg.length_multiple) * trainer.cfg.length_multiple for n in longest}
+    trainer.compiled = CompiledStep.build(trainer, [s for s in all_shapes if s[1] in needed])
+    return trainer.compiled.warmup_seconds
+
+
+def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]]:
+    import torch
+
+    rows = []
+    configs = [("padded + random batches", "padded", "random"), ("padded + our sampler", "padded", "sampler"),
+               ("packed + our sampler", "packed", "sampler")]
+    for compiled in ([False] if args.skip_compile else [False, True]):
+        for label, layout, batching in configs:
+            name = label + (" + compile" if compiled else "")
+            if compiled and layout == "packed":
+                rows.append((name, float("nan"), float("nan"), "not implemented (compile is padded-only)"))
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                extra = ["--layout", layout] + (["--compile", "--length-multiple", "16"] if compiled else [])
+                trainer = make_trainer(tmp, *extra)
+                if batching == "random":
+                    batches = random_batches(trainer, seed=1)
+                else:
+                    trainer.sampler.set_epoch(0)
+                    batches = trainer.sampler.rank_batches().to_list()
+                batches = batches[: args.warmup + args.updates]
+                note = ""
+                if compiled:
+                    note = f"warm-up {compile_for(trainer, batches):.0f} s for {len(trainer.compiled.shapes)} shapes"
+                tokens_per_s, padding = measure(trainer, batches, warmup=args.warmup, updates=args.updates)
+                rows.append((name, tokens_per_s, padding, note))
+                print(f"  {name}: {tokens_per_s:,.0f} tok/s", flush=True)
+            if compiled:
+                torch.compiler.set_stance("default")
+                torch.compiler.reset()
+    return rows
+
+
+def process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]]:
+    rows = []
+    for procs in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            command = ["-m", "nmt_cli.train", DATA, "--save-dir", tmp, "--share-all-embeddings", "--max-tokens", "4096",
+                       "--max-update", str(args.warmup + args.updates), "--log-format", "json", "--log-interval", "1"]
+            if procs == 1:
+                command = [sys.executable, *command]
+            else:
+                command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *command]
+            env = {**os.environ, "OMP_NUM_THREADS": str(2 // procs)}
+            result = subprocess.run(command, capture_output=True, text=True, env=env)
+            if result.returncode != 0:
+                raise RuntimeError(result.stderr[-2000:])
+            records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+            timed = [r for r in records if r.get("kind") == "train"][args.warmup :]
+            # wps is per log interval (1 update): tokens / wall time of that update, all ranks together.
+            seconds = sum(r["ntokens"] / r["wps"] for r in timed)
+            tokens_per_s = sum(r["ntokens"] for r in timed) / seconds
+            rows.append((f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)",
+                         tokens_per_s, float("nan"), "padded + our sampler"))
+            print(f"  {rows[-1][0]}: {tokens_per_s:,.0f} tok/s", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--skip-processes", action="store_true")
+    args = parser.parse_args()
+    ensure_data()
+    print("measuring ...", flush=True)
+    rows = in_process_rows(args) + ([] if args.skip_processes else process_rows(args))
+    baseline = rows[0][1]
+    print(f"\nMulti30k en-de, transformer_tiny, --max-tokens 4096, fp32, {args.updates} timed updates each")
+    print(f"{'configuration':<46} {'tgt tok/s':>10} {'vs random':>9} {'vs fairseq':>10} {'padding':>8}  note")
+    for name, tokens_per_s, padding, note in rows:
+        pad = "" if np.isnan(padding) else f"{padding:.1%}"
+        if np.isnan(tokens_per_s):
+            print(f"{name:<46} {'-':>10} {'-':>9} {'-':>10} {pad:>8}  {note}")
+            continue
+        print(f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / baseline:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}")
+    print(f"fairseq 0.12.2 reference on this machine: {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s (target: 1.3x = {1.3 * FAIRSEQ_TOKENS_PER_SECOND:,.0f})")
+
+
+if __name__ == "__main__":
+    main()
