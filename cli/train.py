@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = parser.add_argument_group("data and batching")
     _add_train_option(data, "save_dir")
-    _add_train_option(data, "train_subset")
+    data.add_argument("--train-subsets", "--train-subset", default="train",
+                      help="training split(s), comma-separated: several are blended by weight")
+    data.add_argument("--subset-weights", help="comma-separated weights, one per --train-subsets entry")
+    _add_train_option(data, "sampling_temperature", "weights proportional to size^(1/T) (0: to size)", type=float)
+    _add_train_option(data, "epoch_samples", "samples per epoch of the blend (0: the sum of corpus sizes)", type=int)
     _add_train_option(data, "valid_subset")
     _add_train_option(data, "max_tokens", "token budget per batch, padding included (packed: real tokens)", type=int)
     _add_train_option(data, "max_sentences", type=int)
@@ -115,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
 def make_configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
     values = {name: getattr(args, name) for name in TRAIN_FIELDS if hasattr(args, name)}
     values["adam_betas"] = tuple(values["adam_betas"])
+    values["train_subsets"] = tuple(name for name in args.train_subsets.split(",") if name)
+    try:
+        values["subset_weights"] = (
+            tuple(float(w) for w in args.subset_weights.split(",")) if args.subset_weights else None
+        )
+    except ValueError:
+        raise ValueError(f"--subset-weights: not a comma-separated list of numbers: {args.subset_weights!r}") from None
     train_cfg = TrainConfig(**values)
     manifest = load_manifest(args.data_dir)
     overrides = {

@@ -172,8 +172,12 @@ class TrainConfig:
     data_dir: str
     save_dir: str = "checkpoints"
     arch: str = "transformer_tiny"
-    train_subset: str = "train"
+    train_subsets: tuple[str, ...] = ("train",)
     valid_subset: str = "valid"
+    # several corpora: weights (or temperature sampling) and the samples per epoch (0: sum of sizes)
+    subset_weights: tuple[float, ...] | None = None
+    sampling_temperature: float = 0.0
+    epoch_samples: int = 0
     # batching
     max_tokens: int = 4096
     max_sentences: int | None = None
@@ -229,6 +233,21 @@ class TrainConfig:
     log_all_ranks: bool = False
 
     def __post_init__(self) -> None:
+        _require(len(self.train_subsets) >= 1, "train_subsets", "at least one training split is required")
+        _require(len(set(self.train_subsets)) == len(self.train_subsets), "train_subsets", "names a split twice")
+        _require(
+            self.subset_weights is None or len(self.subset_weights) == len(self.train_subsets),
+            "subset_weights",
+            f"needs one weight per --train-subsets entry ({len(self.train_subsets)})",
+        )
+        _require(not (self.subset_weights and self.sampling_temperature), "sampling_temperature", "cannot be combined with --subset-weights")
+        _require(self.sampling_temperature >= 0, "sampling_temperature", "must be > 0 (0: proportional to size)")
+        _require(self.epoch_samples >= 0, "epoch_samples", "must be >= 0 (0: the sum of the corpus sizes)")
+        _require(
+            not (self.curriculum or "").startswith("file:") or len(self.train_subsets) == 1,
+            "curriculum",
+            "file:PATH scores need a single --train-subsets corpus (use length with blends)",
+        )
         _require(self.max_tokens > 0, "max_tokens", f"must be positive, got {self.max_tokens}")
         _require(self.max_sentences is None or self.max_sentences > 0, "max_sentences", "must be positive")
         _require(self.update_freq >= 1, "update_freq", f"must be >= 1, got {self.update_freq}")

@@ -521,3 +521,34 @@ def _save_atomic(path: Path, array: np.ndarray) -> None:
 
 def _load(corpus_path: Path, sample_path: Path) -> tuple[CorpusIds, SampleIds]:
     return np.load(corpus_path, mmap_mode="r"), np.load(sample_path, mmap_mode="r")
+
+
+class BlendedCorpus:
+    """One epoch's blend as a dataset: slot i is sample ``sample_ids[i]`` of corpus ``corpus_ids[i]``.
+
+    Exposes what the sampler and trainer need from a ``ParallelCorpus`` (item access and length
+    arrays), so blending feeds the same batching, curriculum and packing as a single corpus.
+    """
+
+    def __init__(self, corpora: Sequence, corpus_ids: CorpusIds, sample_ids: SampleIds) -> None:
+        self.corpora = list(corpora)
+        self.corpus_ids = corpus_ids
+        self.sample_ids = sample_ids
+        starts = np.zeros(len(self.corpora), dtype=np.int64)
+        np.cumsum([len(c) for c in self.corpora[:-1]], out=starts[1:])
+        flat = starts[corpus_ids] + sample_ids  # (N,) position in the concatenated corpora
+        self.src_lengths = np.concatenate([np.asarray(c.src_lengths) for c in self.corpora])[flat]
+        self.tgt_lengths = np.concatenate([np.asarray(c.tgt_lengths) for c in self.corpora])[flat]
+
+    def __len__(self) -> int:
+        return int(self.corpus_ids.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.corpora[int(self.corpus_ids[index])][int(self.sample_ids[index])]
+
+    def per_corpus_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(samples, source + target tokens) per corpus in this epoch."""
+        k = len(self.corpora)
+        tokens = self.src_lengths.astype(np.float64) + self.tgt_lengths
+        samples = np.bincount(self.corpus_ids, minlength=k)
+        return samples, np.bincount(self.corpus_ids, weights=tokens, minlength=k).astype(np.int64)

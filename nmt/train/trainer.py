@@ -30,6 +30,7 @@ from nmt import dist
 from nmt.checkpoint_io import bytes_to_tensor
 from nmt.config import ModelConfig, TrainConfig, to_dict
 from nmt.data import ParallelCorpus, load_manifest
+from nmt.data.blend import BlendedCorpus, BlendedEpochs, weights_from_temperature
 from nmt.data.batching import Batches, MaxTokensBatchSampler
 from nmt.data.collate import collate
 from nmt.data.packing import partition_microbatches
@@ -150,31 +151,17 @@ class Trainer:
         self.log_here = self.is_main or cfg.log_all_ranks
 
         self.manifest = load_manifest(cfg.data_dir)
-        self.train_data = ParallelCorpus(cfg.data_dir, cfg.train_subset, manifest=self.manifest)
+        self.train_corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
         self.valid_data = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
             if cfg.valid_subset in self.manifest["splits"]
             else None
         )
+        self.blend = self.make_blend()
         self.length_multiple = cfg.length_multiple if cfg.compile else 1
-        self.sampler = MaxTokensBatchSampler(
-            self.train_data.src_lengths,
-            self.train_data.tgt_lengths,
-            cfg.max_tokens,
-            noise=cfg.batch_noise,
-            noise_mode=cfg.noise_mode,
-            seed=cfg.seed,
-            num_replicas=self.env.world_size,
-            rank=self.env.rank,
-            curriculum=read_difficulty(cfg.curriculum, self.train_data),
-            max_sentences=cfg.max_sentences,
-            length_multiple=self.length_multiple,
-            packed=cfg.layout == "packed",
-            curriculum_epochs=cfg.curriculum_epochs,
-            competence_updates=cfg.competence_updates or None,
-            competence_initial=cfg.competence_initial,
-            update_freq=cfg.update_freq,
-        )
+        # A single corpus is the training set for every epoch; a blend replaces both per epoch.
+        self.train_data: ParallelCorpus | BlendedCorpus = self.train_corpora[0]
+        self.sampler = self.make_sampler(self.train_data)
         self.tgt_lengths = np.asarray(self.train_data.tgt_lengths, dtype=np.int64)
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -204,10 +191,65 @@ class Trainer:
         self.started = time.perf_counter()
         if self.log_here:
             logger.info(
-                "rank %d/%d on %s | %d training pairs | model %s: %.2fM parameters | attention backend %s",
-                self.env.rank, self.env.world_size, self.device, len(self.train_data), cfg.arch,
+                "rank %d/%d on %s | %d training pairs in %s | model %s: %.2fM parameters | attention backend %s",
+                self.env.rank, self.env.world_size, self.device, sum(len(c) for c in self.train_corpora),
+                ",".join(cfg.train_subsets), cfg.arch,
                 sum(p.numel() for p in self.model.parameters()) / 1e6, self.model.backend(self.device),
             )
+
+    # ----------------------------------------------------------------------------- data
+    def make_blend(self) -> BlendedEpochs | None:
+        """Several corpora (or an explicit epoch size): a weighted blend index per epoch."""
+        cfg = self.cfg
+        if len(self.train_corpora) == 1 and not cfg.subset_weights and not cfg.epoch_samples:
+            return None
+        sizes = [len(corpus) for corpus in self.train_corpora]
+        if cfg.subset_weights:
+            weights = list(cfg.subset_weights)
+        elif cfg.sampling_temperature:
+            weights = list(weights_from_temperature(sizes, cfg.sampling_temperature))
+        else:
+            weights = [float(size) for size in sizes]
+        return BlendedEpochs(
+            sizes, weights, cfg.epoch_samples or sum(sizes), seed=cfg.seed,
+            cache_dir=os.path.join(cfg.save_dir, "blend-cache"),
+        )
+
+    def make_sampler(self, dataset: ParallelCorpus | BlendedCorpus) -> MaxTokensBatchSampler:
+        cfg = self.cfg
+        return MaxTokensBatchSampler(
+            dataset.src_lengths,
+            dataset.tgt_lengths,
+            cfg.max_tokens,
+            noise=cfg.batch_noise,
+            noise_mode=cfg.noise_mode,
+            seed=cfg.seed,
+            num_replicas=self.env.world_size,
+            rank=self.env.rank,
+            curriculum=read_difficulty(cfg.curriculum, self.train_corpora[0]),
+            max_sentences=cfg.max_sentences,
+            length_multiple=self.length_multiple,
+            packed=cfg.layout == "packed",
+            curriculum_epochs=cfg.curriculum_epochs,
+            competence_updates=cfg.competence_updates or None,
+            competence_initial=cfg.competence_initial,
+            update_freq=cfg.update_freq,
+        )
+
+    def prepare_epoch(self, epoch: int) -> None:
+        """With a blend, this epoch's samples (the next epoch's are built in the background meanwhile)."""
+        if self.blend is None:
+            return
+        corpus_ids, sample_ids = self.blend.get(epoch)
+        self.train_data = BlendedCorpus(self.train_corpora, corpus_ids, sample_ids)
+        self.sampler = self.make_sampler(self.train_data)
+        self.tgt_lengths = np.asarray(self.train_data.tgt_lengths, dtype=np.int64)
+        samples, tokens = self.train_data.per_corpus_counts()
+        per_corpus = {}
+        for name, num_samples, num_tokens in zip(self.cfg.train_subsets, samples, tokens):
+            per_corpus[f"{name}_samples"] = int(num_samples)
+            per_corpus[f"{name}_tokens"] = int(num_tokens)
+        self.log_metrics(per_corpus, prefix="blend")
 
     # ----------------------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
@@ -261,7 +303,6 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["lr_scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        self.sampler.load_state_dict(state["sampler"])
         ckpt.set_rng_state(state["rng"])
         self.state = TrainState(
             num_updates=int(state["num_updates"]),
@@ -457,8 +498,9 @@ class Trainer:
         self.try_resume()
         if cfg.compile:
             self.compiled = CompiledStep.build(self, shape_buckets(
-                self.train_data.src_lengths, self.train_data.tgt_lengths, max_tokens=cfg.max_tokens,
-                length_multiple=cfg.length_multiple, max_sentences=cfg.max_sentences))
+                np.concatenate([c.src_lengths for c in self.train_corpora]),
+                np.concatenate([c.tgt_lengths for c in self.train_corpora]),
+                max_tokens=cfg.max_tokens, length_multiple=cfg.length_multiple, max_sentences=cfg.max_sentences))
         if self.is_main and cfg.tensorboard_logdir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -481,12 +523,15 @@ class Trainer:
             logger.info("done: %s (%d updates, %.1f min)", stop_reason, self.state.num_updates, (time.perf_counter() - self.started) / 60)
         if self.writer is not None:
             self.writer.close()
+        if self.blend is not None:
+            self.blend.close()
         return self.state
 
     def train_epoch(self, stop_signal: StopSignal) -> str | None:
         """Run the rest of the current epoch; a stop reason, or None when the epoch ended."""
         cfg = self.cfg
         epoch_start_update = self.state.num_updates - self.state.batches_done // cfg.update_freq
+        self.prepare_epoch(self.state.epoch)
         self.sampler.set_epoch(self.state.epoch, start_update=epoch_start_update)
         global_batches = self.sampler.global_batches()
         rank_batches = self.sampler.rank_batches()

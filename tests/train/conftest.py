@@ -79,3 +79,19 @@ def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def two_corpus_data(tmp_path_factory):
+    """Two training corpora (train: 500 pairs, train1: 80 pairs) sharing one SentencePiece model."""
+    root = tmp_path_factory.mktemp("two")
+    _write(root, "big", _pairs(500, seed=10))
+    _write(root, "small", _pairs(80, seed=11))
+    _write(root, "valid", _pairs(30, seed=12))
+    preprocess(
+        PreprocessConfig(
+            source_lang="en", target_lang="de", trainpref=[str(root / "big"), str(root / "small")],
+            validpref=[str(root / "valid")], destdir=str(root / "data"), spm_vocab_size=60, workers=1,
+        )
+    )
+    return str(root / "data")

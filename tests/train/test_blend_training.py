@@ -1,0 +1,31 @@
+import json
+
+from .conftest import parse_log, run_subprocess, train_command
+
+
+def blend_records(stdout):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"kind": "blend"')]
+
+
+def test_blended_epochs_follow_the_weights_and_change_per_epoch(two_corpus_data, tmp_path):
+    args = ["--train-subsets", "train,train1", "--subset-weights", "0.75,0.25", "--epoch-samples", "400", "--max-epoch", "2"]
+    result = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = blend_records(result.stdout)
+    assert [(r["train_samples"], r["train1_samples"]) for r in epochs] == [(300, 100), (300, 100)]
+    # train1 has 80 pairs for 100 slots: repeated; its token count is logged too
+    assert all(r["train1_tokens"] > 0 for r in epochs)
+    assert (tmp_path / "ck" / "blend-cache").is_dir()
+    assert parse_log(result.stdout)[-1]["epoch"] == 2
+
+
+def test_temperature_sampling_and_bad_weights(two_corpus_data, tmp_path):
+    result = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "t",
+                             "--train-subsets", "train,train1", "--sampling-temperature", "100", "--max-epoch", "1")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = blend_records(result.stdout)
+    # T -> infinity flattens the weights: both corpora get about half of the 580 slots
+    assert abs(record["train_samples"] - record["train1_samples"]) < 30
+    bad = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "b",
+                          "--train-subsets", "train,train1", "--subset-weights", "1,-1")])
+    assert bad.returncode == 1 and "--subset-weights" in bad.stderr
