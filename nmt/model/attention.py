@@ -60,32 +60,40 @@ def _xformers_problem() -> str | None:
     return None
 
 
-@functools.cache
+_RESOLVED: dict[tuple[str, str, float], str] = {}
+
+
+# A plain dict cache rather than functools.cache: torch.compile runs a constant-result function
+# once at trace time, but it traces into cache wrappers (and would break the graph at the log line).
+@torch.compiler.assume_constant_result
 def resolve_backend(name: str, *, device_type: str, attention_dropout: float = 0.0) -> str:
     """The backend that runs for ``--attention name`` on ``device_type``; logs the choice once.
 
     Raises ValueError when an explicitly requested backend cannot run here (never falls back).
     """
+    key = (name, device_type, attention_dropout)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _choose_backend(name, device_type=device_type, attention_dropout=attention_dropout)
+        logger.info("attention backend: %s (--attention %s, device %s)", _RESOLVED[key], name, device_type)
+    return _RESOLVED[key]
+
+
+def _choose_backend(name: str, *, device_type: str, attention_dropout: float) -> str:
     if name not in BACKENDS:
         raise ValueError(f"--attention: must be one of {', '.join(BACKENDS)}, got {name!r}")
     on_cuda = device_type == "cuda"
     if name == "auto":
-        chosen = "xformers" if on_cuda and _xformers_problem() is None else "sdpa"
-    elif name == "xformers":
+        return "xformers" if on_cuda and _xformers_problem() is None else "sdpa"
+    if name == "xformers":
         problem = "the model is not on a CUDA device" if not on_cuda else _xformers_problem()
         if problem is not None:
             raise ValueError(f"--attention xformers cannot run: {problem}; use --attention sdpa")
-        chosen = name
-    elif name == "varlen":
+    if name == "varlen":
         if not on_cuda:
             raise ValueError("--attention varlen needs a CUDA device (Flash Attention); use --attention sdpa")
         if attention_dropout > 0.0:
             raise ValueError("--attention varlen has no attention dropout; set --attention-dropout 0")
-        chosen = name
-    else:
-        chosen = name
-    logger.info("attention backend: %s (--attention %s, device %s)", chosen, name, device_type)
-    return chosen
+    return name
 
 
 @dataclass

@@ -117,10 +117,10 @@ def test_packing_round_trip_and_positions() -> None:
 
 
 def test_backend_choice_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
-    resolve_backend.cache_clear()
     with caplog.at_level(logging.INFO, logger="nmt.model.attention"):
-        assert resolve_backend("auto", device_type="cpu") == "sdpa"
-        assert resolve_backend("auto", device_type="cpu") == "sdpa"
+        # A dropout no other test uses: a first resolution, however the tests are ordered.
+        assert resolve_backend("auto", device_type="cpu", attention_dropout=0.125) == "sdpa"
+        assert resolve_backend("auto", device_type="cpu", attention_dropout=0.125) == "sdpa"
     assert [r.getMessage() for r in caplog.records] == ["attention backend: sdpa (--attention auto, device cpu)"]
     with pytest.raises(ValueError, match="--attention xformers cannot run"):
         resolve_backend("xformers", device_type="cpu")
