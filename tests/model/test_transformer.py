@@ -287,3 +287,13 @@ def test_model_package_imports_only_torch_and_config() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_padded_forward_compiles_without_graph_breaks() -> None:
+    """Static-shape compilation (train/compile.py) needs one graph for the padded step."""
+    import torch._dynamo
+
+    model = seeded_model(small_config()).train()
+    batch = random_batch(4, seed=9, with_empty=True)
+    explanation = torch._dynamo.explain(model)(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
