@@ -7,7 +7,10 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from nmt.config import ModelConfig, TrainConfig, option_name
 from nmt.data import load_manifest
@@ -143,6 +146,31 @@ def make_configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
     return train_cfg, model_cfg
 
 
+def make_bleu_validator(data_dir: str, split: str, *, beam: int) -> Callable[[torch.nn.Module, torch.device], float]:
+    """--eval-bleu: decode the validation split (batched, greedy or small beam) and score it with sacreBLEU.
+
+    Built here because nmt.train must not import nmt.eval; the trainer only sees the callback.
+    """
+    from nmt.config import EvalConfig
+    from nmt.data import SentencePieceModel
+    from nmt.eval.translate import Translator, load_split, read_references
+
+    manifest = load_manifest(data_dir)
+    src_spm = SentencePieceModel.load(os.path.join(data_dir, manifest["spm"]["src_model"]))
+    tgt_spm = SentencePieceModel.load(os.path.join(data_dir, manifest["spm"]["tgt_model"]))
+    split_data = load_split(data_dir, split, src_spm=src_spm)
+    if split_data.reference_path is None:
+        raise ValueError(f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {split!r}")
+    references = read_references(split_data.reference_path, line_numbers=split_data.line_numbers)
+
+    def validate(model: torch.nn.Module, device: torch.device) -> float:
+        translator = Translator(model, src_spm=src_spm, tgt_spm=tgt_spm, config=EvalConfig(beam=beam))
+        hypotheses = [nbest[0].text for nbest in translator.detokenize(translator.generate(split_data.sources))]
+        return translator.score(hypotheses, references)[0].score
+
+    return validate
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -157,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         train_cfg, model_cfg = make_configs(args)
         bleu_validator = None
         if train_cfg.eval_bleu:
-            from nmt.eval.translate import make_bleu_validator
-
             bleu_validator = make_bleu_validator(train_cfg.data_dir, train_cfg.valid_subset, beam=train_cfg.eval_bleu_beam)
         trainer = Trainer(train_cfg, model_cfg, bleu_validator=bleu_validator)
         trainer.train()

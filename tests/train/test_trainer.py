@@ -147,3 +147,15 @@ def test_bad_options_give_one_line_errors(tiny_data, tmp_path):
 def test_dropout_seed_depends_on_position_only():
     assert micro_seed(1, 0, 5, 0) == micro_seed(1, 0, 5, 0)
     assert len({micro_seed(1, 0, g, 0) for g in range(100)} | {micro_seed(1, 1, 0, 0), micro_seed(2, 0, 0, 0)}) == 102
+
+
+def test_eval_bleu_validation_picks_the_best_checkpoint_by_bleu(tiny_data, tmp_path):
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "4", "--validate-interval-updates", "2",
+                                                        "--eval-bleu", "--eval-bleu-beam", "2", "--best-checkpoint-metric", "bleu")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    valid = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"kind": "valid"')]
+    assert [r["update"] for r in valid][:1] == [2] and all(0.0 <= r["valid_bleu"] <= 100.0 for r in valid)
+    best = load_checkpoint(str(tmp_path / "ck" / "checkpoint_best.pt"))
+    assert best["best"] == max(r["valid_bleu"] for r in valid)
