@@ -23,7 +23,7 @@ from nmt.checkpoint_io import FORMAT, VERSION, atomic_torch_save, bytes_to_tenso
 from nmt.config import ModelConfig, PreprocessConfig, to_dict
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.preprocess import preprocess
-from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS
+from nmt.data.spm import BOS_ID, PAD_ID, SPECIAL_IDS
 from nmt.model import TransformerModel, build_model
 
 WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman child ball".split()
