@@ -89,7 +89,11 @@ def _translations(translator: Translator, args: argparse.Namespace, cfg: EvalCon
         if reference_path is None:
             raise ValueError(f"{args.data_dir}: the manifest names no raw text for split {args.split!r}; pass --reference")
         references = read_references(reference_path, line_numbers=split.line_numbers)
-        return iter([translator.detokenize(translator.generate(split.sources, progress=True))]), references
+
+        def decode_split() -> Iterator[list[list[Translation]]]:
+            yield translator.detokenize(translator.generate(split.sources, progress=True))
+
+        return decode_split(), references
 
     references = None if args.reference is None else read_references(args.reference)
 
