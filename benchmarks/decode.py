@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--path", default="runs/ckpt/checkpoint_best.pt")
     parser.add_argument("--data", default="runs/data")
     parser.add_argument("--split", default="test")
+    parser.add_argument("--reference", help="raw reference text (default: the one the manifest names)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--limit", type=int, help="only the first N sentences (quick runs; figures are then not the reference's)")
@@ -51,8 +52,10 @@ def main() -> None:
 
     translator = Translator.from_checkpoint(args.path)
     split = load_split(args.data, args.split, src_spm=translator.src_spm)
-    assert split.reference_path is not None, "the manifest names no reference text"
-    references = read_references(split.reference_path, line_numbers=split.line_numbers)
+    reference_path = args.reference or split.reference_path
+    if reference_path is None:
+        parser.error(f"the manifest of {args.data} names no raw reference text; pass --reference")
+    references = read_references(reference_path, line_numbers=split.line_numbers)
     sources = split.sources[: args.limit]
     num_params = sum(p.numel() for p in translator.model.parameters())
     print(
