@@ -5,19 +5,21 @@ transformer_tiny (8k vocabularies) on Multi30k-like synthetic batches of ``--max
 
 - padded, random batching: samples in random order, padded to the longest in the batch;
 - padded, length-sorted batching: samples sorted by length first (little padding);
-- packed: the random batches' samples back to back (no padding at all; sdpa gathers a padded
-  view only around each attention call).
+- packed, same random batches: those samples back to back (no padding; sdpa gathers a padded view
+  only around each attention call);
+- packed, budget of real tokens: random samples until their real tokens fill the budget.
 
 A step = forward, output projection of the real target positions, summed cross-entropy, backward.
-On CUDA (bf16 autocast) the same layouts are timed with every backend that runs there.
+Figures are target tokens per second; layouts alternate batch by batch and each batch's best step
+is used, the median beside it (on a shared machine the best is the least disturbed). On CUDA (bf16 autocast)
+the same layouts are timed with every backend that runs there.
 
-    .venv/bin/python benchmarks/attention.py            # ~1 minute on 2 CPU cores
+    .venv/bin/python benchmarks/attention.py            # ~1-2 minutes on 2 idle CPU cores
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -52,15 +54,19 @@ def multi30k_like_lengths(num_samples: int, *, rng: np.random.Generator) -> tupl
     return src, tgt
 
 
-def token_budget_batches(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, *, max_tokens: int) -> list[np.ndarray]:
-    """Consecutive samples of ``order`` while (batch size x longest side) fits ``max_tokens`` (fairseq)."""
-    batches, start, longest = [], 0, 0
+def token_budget_batches(
+    order: np.ndarray, src: np.ndarray, tgt: np.ndarray, *, max_tokens: int, padded: bool
+) -> list[np.ndarray]:
+    """Consecutive samples of ``order`` under ``max_tokens``: counted with padding (batch size x
+    longest side, fairseq) or, for packed batches, as the sum of each sample's longer side."""
+    batches, start, longest, total = [], 0, 0, 0
     for end, index in enumerate(order):
-        longest_now = max(longest, src[index], tgt[index])
-        if (end - start + 1) * longest_now > max_tokens:
+        side = max(src[index], tgt[index])
+        cost = max(longest, side) * (end - start + 1) if padded else total + side
+        if cost > max_tokens:
             batches.append(order[start:end])
-            start, longest_now = end, max(src[index], tgt[index])
-        longest = longest_now
+            start, longest, total = end, 0, 0
+        longest, total = max(longest, side), total + side
     batches.append(order[start:])
     return batches
 
@@ -114,28 +120,30 @@ def run_layouts(
     layouts = [
         ("padded, random batches", "random", False),
         ("padded, length-sorted", "sorted", False),
-        ("packed (random batches)", "random", True),
+        ("packed, same random batches", "random", True),
+        ("packed, budget of real tokens", "packed", True),
     ]
     if backend == "varlen":  # varlen runs sdpa on padded batches: nothing new to time
-        layouts = layouts[2:]
-    times: dict[str, list[float]] = {name: [] for name, _, _ in layouts}
-    for repeat in range(repeats + 1):
-        for index in range(len(batches["random"])):
+        layouts = [layout for layout in layouts if layout[2]]
+    num_batches = len(batches["random"])
+    times = {name: np.zeros((repeats, num_batches)) for name, _, _ in layouts}  # seconds per step
+    for repeat in range(-1, repeats):  # repeat -1 warms up
+        for index in range(num_batches):
             for name, key, packed in layouts:
                 seconds = time_step(model, batches[key][index], packed=packed, autocast=autocast)
-                if repeat > 0:
-                    times[name].append(seconds)
+                if repeat >= 0:
+                    times[name][repeat, index] = seconds
     rows = []
     for name, key, packed in layouts:
         num_target = sum(b.num_target_tokens for b in batches[key])
         num_computed = num_target if packed else sum(b.padded[1].numel() for b in batches[key])
-        # Best and median pass over the same batches: the best is the least disturbed by other load.
-        passes = [sum(times[name][i : i + len(batches[key])]) for i in range(0, len(times[name]), len(batches[key]))]
-        rows.append((name, num_target / min(passes), num_target / statistics.median(passes), num_target / num_computed))
+        # Each batch's best step is the one least disturbed by other load on a shared machine.
+        best, median = times[name].min(axis=0).sum(), np.median(times[name], axis=0).sum()
+        rows.append((name, num_target / best, num_target / median, num_target / num_computed))
     baseline = rows[0][1]
     for name, best, median, density in rows:
         print(
-            f"  {backend:9s} {name:26s} {best:7.0f} tgt tok/s (median {median:6.0f})"
+            f"  {backend:9s} {name:29s} {best:7.0f} tgt tok/s (median {median:6.0f})"
             f"   real/computed target tokens {density:4.2f}   speed x{best / baseline:4.2f}"
         )
 
@@ -209,7 +217,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--num-batches", type=int, default=4, help="distinct batches per layout")
-    parser.add_argument("--repeats", type=int, default=2, help="timed passes over the batches")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the batches")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -224,11 +232,16 @@ def main() -> None:
         f"tgt mean {tgt.mean():.1f} (range {tgt.min()}-{tgt.max()}); max tokens {args.max_tokens}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
-    random_batches = token_budget_batches(rng.permutation(len(src)), src, tgt, max_tokens=args.max_tokens)
-    sorted_batches = token_budget_batches(np.lexsort((tgt, src)), src, tgt, max_tokens=args.max_tokens)
+    shuffled = rng.permutation(len(src))
+    batchings = {
+        "random": token_budget_batches(shuffled, src, tgt, max_tokens=args.max_tokens, padded=True),
+        "sorted": token_budget_batches(np.lexsort((tgt, src)), src, tgt, max_tokens=args.max_tokens, padded=True),
+        "packed": token_budget_batches(shuffled, src, tgt, max_tokens=args.max_tokens, padded=False),
+    }
+    # The last batch of a batching is a remainder: never picked.
     picks = {
-        "random": [random_batches[i] for i in rng.choice(len(random_batches) - 1, args.num_batches, replace=False)],
-        "sorted": [sorted_batches[i] for i in rng.choice(len(sorted_batches) - 1, args.num_batches, replace=False)],
+        key: [batches[i] for i in rng.choice(len(batches) - 1, args.num_batches, replace=False)]
+        for key, batches in batchings.items()
     }
 
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
