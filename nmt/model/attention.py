@@ -100,56 +100,74 @@ def _choose_backend(name: str, *, device_type: str, attention_dropout: float) ->
 class Packing:
     """Where the tokens of each sample lie in a packed sequence, and the padded view of it.
 
+    The packed sequence may end with a tail of padding tokens past ``cu_seqlens[-1]`` that belong
+    to no sample (static shapes): no query sees them, and attention gives them zeros.
+
     ``pad`` gathers packed rows ``(N, ...)`` into a padded ``(B, T, ...)`` view (slots past a
-    sample's length hold a copy of token 0: mask them) and ``unpad`` gathers back. Both are single
-    ``index_select`` calls whose backward is one ``index_add``.
+    sample's length hold a copy of token 0: mask them) and ``unpad`` gathers back, zeros for the
+    tail. Both are single ``index_select`` calls whose backward is one ``index_add``.
     """
 
     lengths: torch.Tensor  # (B,) int64
     cu_seqlens: torch.Tensor  # (B+1,) int32, starts of the samples and the total
-    positions: torch.Tensor  # (N,) int64, position of each token within its sample
-    max_len: int  # T of the padded view
+    positions: torch.Tensor  # (N,) int64, position of each token within its sample (0 in the tail)
+    num_real: int  # tokens that belong to a sample (cu_seqlens[-1]); N - num_real is the tail
+    max_len: int  # T of the padded view (>= 1)
     gather_index: torch.Tensor  # (B*T,) int64, packed row of each padded slot (0 for padding)
-    scatter_index: torch.Tensor  # (N,) int64, padded slot b*T+t of each packed token
+    scatter_index: torch.Tensor  # (num_real,) int64, padded slot b*T+t of each real token
 
     @classmethod
     def from_lengths(
         cls, lengths: torch.Tensor, *, num_tokens: int, cu_seqlens: torch.Tensor | None = None
     ) -> Packing:
-        """Build from per-sample lengths (B,); ``cu_seqlens`` (B+1,) is derived when not given."""
+        """Build from per-sample lengths (B,) and the packed length N (tail included);
+        ``cu_seqlens`` (B+1,) is derived when not given."""
         lengths = lengths.long()
         if cu_seqlens is None:
             cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).int()
         # One host sync for both numbers (the padded width and the consistency check).
-        max_len, total = torch.stack([lengths.max(), lengths.sum()]).tolist()
-        if total != num_tokens:
-            raise ValueError(f"packed batch has {num_tokens} tokens but its lengths sum to {total}")
+        max_len, num_real = torch.stack([lengths.max(), lengths.sum()]).tolist()
+        if num_real > num_tokens:
+            raise ValueError(f"packed batch has {num_tokens} tokens but its lengths sum to {num_real}")
+        max_len = max(max_len, 1)  # a batch of empty samples keeps a width (finite, masked)
+        device = lengths.device
         starts = cu_seqlens[:-1].long()  # (B,)
-        slots = torch.arange(max_len, device=lengths.device)  # (T,)
+        slots = torch.arange(max_len, device=device)  # (T,)
         valid = slots < lengths[:, None]  # (B, T)
         gather_index = torch.where(valid, starts[:, None] + slots, 0).reshape(-1)  # (B*T,)
         sample_of_token = torch.repeat_interleave(
-            torch.arange(lengths.shape[0], device=lengths.device), lengths, output_size=num_tokens
-        )  # (N,)
-        positions = torch.arange(num_tokens, device=lengths.device) - starts[sample_of_token]  # (N,)
-        scatter_index = sample_of_token * max_len + positions  # (N,)
-        return cls(lengths, cu_seqlens, positions, max_len, gather_index, scatter_index)
+            torch.arange(lengths.shape[0], device=device), lengths, output_size=num_real
+        )  # (num_real,)
+        real_positions = torch.arange(num_real, device=device) - starts[sample_of_token]  # (num_real,)
+        scatter_index = sample_of_token * max_len + real_positions
+        positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
+        return cls(lengths, cu_seqlens, positions, num_real, max_len, gather_index, scatter_index)
 
     @property
     def num_samples(self) -> int:
         return self.lengths.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, T, ...); padding slots hold arbitrary (copied) rows."""
         return x.index_select(0, self.gather_index).view(self.num_samples, self.max_len, *x.shape[1:])
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, ...) -> (N, ...)."""
-        return x.reshape(-1, *x.shape[2:]).index_select(0, self.scatter_index)
+        """(B, T, ...) -> (N, ...), zeros for the tail."""
+        return self.zero_tail(x.reshape(-1, *x.shape[2:]).index_select(0, self.scatter_index))
+
+    def zero_tail(self, x: torch.Tensor) -> torch.Tensor:
+        """(num_real, ...) -> (N, ...) with zero rows for the tail (no copy when there is none)."""
+        num_tail = self.num_tokens - self.num_real
+        return x if num_tail == 0 else torch.cat([x, x.new_zeros(num_tail, *x.shape[1:])])
 
 
 def unpack(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Packed rows (N, ...) of samples with ``lengths`` (B,) -> padded (B, T, ...), zeros as padding."""
+    """Packed rows (N, ...) of samples with ``lengths`` (B,) -> padded (B, T, ...), zeros as padding
+    (a tail past the samples is dropped)."""
     packing = Packing.from_lengths(lengths, num_tokens=x.shape[0])
     valid = torch.arange(packing.max_len, device=x.device) < packing.lengths[:, None]  # (B, T)
     return packing.pad(x).masked_fill(~valid.view(*valid.shape, *(1,) * (x.dim() - 1)), 0)  # (B, T, ...)
@@ -266,25 +284,31 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
 def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
     import xformers.ops as xops
 
-    # xFormers takes (batch, tokens, heads, head dim): the padded layout as is, packed as batch 1.
+    # xFormers takes (batch, tokens, heads, head dim): the padded layout as is, packed as batch 1
+    # without the tail (the block-diagonal masks cover the samples' tokens only).
     if mask.packed:
-        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        assert mask.q_packing is not None and mask.kv_packing is not None
+        q = q[: mask.q_packing.num_real].unsqueeze(0)
+        k = k[: mask.kv_packing.num_real].unsqueeze(0)
+        v = v[: mask.kv_packing.num_real].unsqueeze(0)
     bias = mask.xformers_bias(num_heads=q.shape[2], num_queries=q.shape[1], num_keys=k.shape[1], dtype=q.dtype)
     out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, p=dropout_p)
-    return out.squeeze(0) if mask.packed else out
+    return mask.q_packing.zero_tail(out.squeeze(0)) if mask.q_packing is not None else out
 
 
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     assert mask.q_packing is not None and mask.kv_packing is not None
-    return varlen_attn(
-        q,
-        k,
-        v,
+    num_q, num_kv = mask.q_packing.num_real, mask.kv_packing.num_real
+    out = varlen_attn(
+        q[:num_q],
+        k[:num_kv],
+        v[:num_kv],
         mask.q_packing.cu_seqlens,
         mask.kv_packing.cu_seqlens,
         mask.q_packing.max_len,
         mask.kv_packing.max_len,
         window_size=(-1, 0) if mask.causal else (-1, -1),
     )
+    return mask.q_packing.zero_tail(out)

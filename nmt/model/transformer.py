@@ -8,8 +8,10 @@ Two layouts share every weight and give the same results (to float tolerance):
 - padded: ``src_tokens (B, S)``, ``prev_output_tokens (B, T)`` with lengths ``(B,)``;
 - packed: ``src_tokens (Ns,)``, ``prev_output_tokens (Nt,)``, samples back to back, with lengths
   ``(B,)`` and optionally ``cu_seqlens (B+1,)`` int32 and positions ``(N,)`` restarting at 0 per
-  sample (derived from the lengths when not given). :func:`nmt.model.unpack` restores the padded view
-  of a packed output.
+  sample (derived from the lengths when not given). The packed tensors may end with a tail of
+  padding tokens past ``cu_seqlens[-1]`` (static shapes): they belong to no sample, no query sees
+  them, and their outputs are finite (mask them out of the loss). :func:`nmt.model.unpack` restores
+  the padded view of a packed output.
 
 The forward returns the final decoder states (after the final layer norm when pre-norm); the
 vocabulary projection is the separate ``model.output_projection`` so a trainer can project only the

@@ -113,7 +113,26 @@ def test_packing_round_trip_and_positions() -> None:
     given = Packing.from_lengths(lengths, num_tokens=6, cu_seqlens=packing.cu_seqlens)
     assert torch.equal(given.scatter_index, packing.scatter_index)
     with pytest.raises(ValueError, match="lengths sum to 6"):
-        Packing.from_lengths(lengths, num_tokens=7)
+        Packing.from_lengths(lengths, num_tokens=5)
+
+
+def test_packing_with_padding_tail() -> None:
+    """Collate pads a packed batch to a static length: tokens past cu_seqlens[-1] are no sample's."""
+    lengths = torch.tensor([2, 3])
+    packing = Packing.from_lengths(lengths, num_tokens=8)
+    assert (packing.num_real, packing.num_tokens) == (5, 8)
+    assert packing.positions.tolist() == [0, 1, 0, 1, 2, 0, 0, 0]
+    x = torch.arange(8.0)[:, None] + 1  # (N, 1)
+    assert packing.unpad(packing.pad(x))[:, 0].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+    assert unpack(x, lengths)[..., 0].tolist() == [[1, 2, 0], [3, 4, 5]]
+
+    # Tail keys are seen by no query; tail queries get zeros.
+    q, k, v = (torch.randn(8, NUM_HEADS, HEAD_DIM) for _ in range(3))
+    mask = AttentionMask("sdpa", key_lengths=lengths, q_packing=packing, kv_packing=packing)
+    out = attention(q, k, v, mask, dropout_p=0.0)
+    k[5:], v[5:] = 1e3, 1e3
+    torch.testing.assert_close(attention(q, k, v, mask, dropout_p=0.0), out)
+    assert out[5:].abs().sum() == 0
 
 
 def test_backend_choice_on_cpu(caplog: pytest.LogCaptureFixture) -> None:

@@ -112,6 +112,24 @@ def test_packed_matches_padded_outputs_and_grads(normalize_before: bool, learned
         torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_packed_with_padding_tail_matches_padded() -> None:
+    """The collate's static-shape tail (pad tokens past cu_seqlens[-1], position 0) changes nothing."""
+    model = seeded_model(small_config())
+    batch = random_batch(5, seed=10, with_empty=True)
+    padded = model(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
+    padded_loss, padded_grads = loss_and_grads(model, padded[batch.tgt_valid])
+
+    src_packed, prev_packed = batch.packed()
+    src_tail = torch.cat([src_packed, torch.full((3,), PAD)])  # (Ns + 3,)
+    prev_tail = torch.cat([prev_packed, torch.full((7,), PAD)])  # (Nt + 7,)
+    packed = model(src_tail, batch.src_lengths, prev_tail, batch.tgt_lengths, packed=True)  # (Nt + 7, D)
+    assert packed.shape[0] == prev_tail.shape[0] and torch.isfinite(packed).all()
+    packed_loss, packed_grads = loss_and_grads(model, packed[: prev_packed.shape[0]])
+    torch.testing.assert_close(packed_loss, padded_loss)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_packed_uses_given_positions_and_cu_seqlens() -> None:
     model = seeded_model(small_config()).eval()
     batch = random_batch(4, seed=2)
