@@ -64,15 +64,15 @@ def measure(trainer, batches: list[np.ndarray], *, warmup: int, updates: int) ->
 
     for batch in batches[:warmup]:
         run(batch)
-    tokens = padded = 0
+    tokens = padded = real = 0
     started = time.perf_counter()
     for batch in batches[warmup : warmup + updates]:
         stats = run(batch)
         tokens += stats.ntokens
         padded += stats.padded_tokens
+        real += stats.real_tokens
     elapsed = time.perf_counter() - started
-    src_tokens = int(trainer.train_data.src_lengths[np.concatenate(batches[warmup : warmup + updates])].sum())
-    return tokens / elapsed, 1.0 - (tokens + src_tokens) / max(padded, 1)
+    return tokens / elapsed, 1.0 - real / max(padded, 1)
 
 
 def compile_for(trainer, batches: list[np.ndarray]) -> float:

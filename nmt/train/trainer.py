@@ -12,14 +12,15 @@ the same steps.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
 import os
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,9 +69,9 @@ class UpdateStats:
     nsentences: int
     grad_norm: float
     lr: float
-    padded_tokens: int
+    padded_tokens: int  # source + target positions, padding included
+    real_tokens: int  # source + target tokens
     skipped: bool = False
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 def micro_seed(seed: int, epoch: int, batch_key: int, part: int) -> int:
@@ -322,6 +323,8 @@ class Trainer:
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def make_batch(self, indices: np.ndarray) -> dict[str, Any]:
+        """Collated tensors for these samples; a dummy (empty) batch gets sample 0, at zero weight."""
+        indices = indices if indices.size else np.zeros(1, dtype=np.int64)
         samples = [self.train_data[int(i)] for i in indices]
         if self.compiled is not None:
             return self.compiled.collate(samples)
@@ -355,27 +358,59 @@ class Trainer:
         parts = partition_microbatches(lengths, cap)
         return [indices[np.asarray(p, dtype=np.int64)] for p in parts]
 
-    def run_update(self, micro_batches: list[tuple[int, np.ndarray]], *, update_tokens: int, update_sentences: int) -> UpdateStats:
-        """Forward/backward every (batch key, sample indices) pair of this rank, then step."""
+    def batch_stream(self, rank_batches: Batches, *, start: int) -> Iterator[dict[str, Any] | None]:
+        """This rank's batches from ``start`` on, collated ahead by --num-workers processes (or here).
+
+        With --max-tokens-per-microbatch the parts are collated in ``run_update`` instead (their
+        count is agreed across ranks there), so this yields None.
+        """
+        if self.cfg.max_tokens_per_microbatch is not None:
+            return itertools.repeat(None)
+        remaining = [rank_batches[i] for i in range(start, len(rank_batches))]
+        if self.cfg.num_workers == 0:
+            return map(self.make_batch, remaining)
+        return iter(
+            torch.utils.data.DataLoader(
+                _CollatedBatches(remaining, self.make_batch), batch_size=None, num_workers=self.cfg.num_workers,
+                prefetch_factor=4,
+            )
+        )
+
+    def run_update(
+        self,
+        micro_batches: list[tuple[int, np.ndarray]],
+        *,
+        update_tokens: int,
+        update_sentences: int,
+        collated: list[dict[str, Any] | None] | None = None,
+    ) -> UpdateStats:
+        """Forward/backward every (batch key, sample indices) pair of this rank, then step.
+
+        ``collated``: the same batches already collated (by ``batch_stream``), else collated here.
+        """
         cfg, world = self.cfg, self.env.world_size
         self.wrapped.train()
-        sums = torch.zeros(3, dtype=torch.float64)  # loss, nll, padded tokens
-        work: list[tuple[int, int, np.ndarray]] = []
-        for batch_key, indices in micro_batches:
-            for part_index, part in enumerate(self.split_microbatches(indices)):
-                work.append((batch_key, part_index, part))
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, nll, padded tokens, real tokens
+        collated = collated or [None] * len(micro_batches)
+        work: list[tuple[int, int, np.ndarray, dict[str, Any] | None]] = []
+        for (batch_key, indices), ready in zip(micro_batches, collated):
+            parts = self.split_microbatches(indices)
+            for part_index, part in enumerate(parts):
+                work.append((batch_key, part_index, part, ready if len(parts) == 1 else None))
         # The gradient of sum(loss) / update_tokens: DDP averages over ranks, hence the factor W.
         scale = world / max(update_tokens, 1)
-        for position, (batch_key, part_index, indices) in enumerate(work):
+        for position, (batch_key, part_index, indices, ready) in enumerate(work):
             dummy = indices.size == 0
-            batch = self.to_device(self.make_batch(np.zeros(1, dtype=np.int64) if dummy else indices))
+            batch = self.to_device(ready if ready is not None else self.make_batch(indices))
             torch.manual_seed(micro_seed(cfg.seed, self.state.epoch, batch_key, part_index))
             with maybe_no_sync(self.wrapped, sync=position == len(work) - 1):
                 loss, nll = self.forward_loss(self.compiled.model if self.compiled else self.wrapped, batch)
                 weight = 0.0 if dummy else scale  # dummy batches keep DDP in step but carry no gradient
                 self.scaler.scale(loss * weight).backward()
             if not dummy:
-                sums += torch.tensor([loss.item(), nll.item(), float(batch["src_tokens"].numel() + batch["target"].numel())], dtype=torch.float64)
+                padded = batch["src_tokens"].numel() + batch["target"].numel()
+                real = batch["src_lengths"].sum() + batch["tgt_lengths"].sum()
+                sums += torch.tensor([loss.item(), nll.item(), float(padded), float(real)], dtype=torch.float64)
         dist.all_reduce_sum(sums)
 
         batch_size = update_sentences if cfg.lr_scaling_by == "sentences" else update_tokens
@@ -416,6 +451,7 @@ class Trainer:
             grad_norm=grad_norm,
             lr=lr,
             padded_tokens=int(sums[2]),
+            real_tokens=int(sums[3]),
             skipped=skipped,
         )
 
@@ -541,27 +577,29 @@ class Trainer:
             total=num_updates_in_epoch, initial=first_update, desc=f"epoch {self.state.epoch + 1}", unit="upd",
             disable=not self.is_main, dynamic_ncols=True, mininterval=2.0, leave=False,
         )
-        window = {"tokens": 0, "padded": 0, "time": time.perf_counter()}
+        window = {"tokens": 0, "padded": 0, "real": 0, "time": time.perf_counter()}
+        batches = self.batch_stream(rank_batches, start=first_update * cfg.update_freq)
         for update_index in range(first_update, num_updates_in_epoch):
             micro, update_tokens, update_sentences = self.update_batches(global_batches, rank_batches, update_index)
-            stats = self.run_update(micro, update_tokens=update_tokens, update_sentences=update_sentences)
+            collated = [next(batches) for _ in micro]
+            stats = self.run_update(micro, update_tokens=update_tokens, update_sentences=update_sentences, collated=collated)
             self.state.num_updates += 1
             self.state.batches_done = min((update_index + 1) * cfg.update_freq, len(rank_batches))
             progress.update(1)
             window["tokens"] += stats.ntokens
             window["padded"] += stats.padded_tokens
+            window["real"] += stats.real_tokens
             if self.state.num_updates % cfg.log_interval == 0:
                 elapsed = max(time.perf_counter() - window["time"], 1e-9)
                 values = {
                     "loss": stats.loss, "nll": stats.nll, "ppl": 2 ** stats.nll, "lr": stats.lr,
                     "ntokens": stats.ntokens, "nsentences": stats.nsentences, "wps": window["tokens"] / elapsed,
-                    "gnorm": stats.grad_norm, "padding_ratio": 1.0 - 2 * window["tokens"] / max(window["padded"], 1)
-                    if cfg.layout == "padded" else 0.0,
+                    "gnorm": stats.grad_norm, "padding_ratio": 1.0 - window["real"] / max(window["padded"], 1),
                     "loss_scale": self.scaler.get_scale() if cfg.fp16 else 1.0, "skipped": self.state.skipped_updates,
                 }
                 self.log_metrics(values, prefix="train")
                 progress.set_postfix(loss=f"{stats.loss:.3f}", wps=f"{values['wps']:.0f}")
-                window = {"tokens": 0, "padded": 0, "time": time.perf_counter()}
+                window = {"tokens": 0, "padded": 0, "real": 0, "time": time.perf_counter()}
 
             reason = self.stop_reason_after_update(stop_signal)
             at_end = update_index == num_updates_in_epoch - 1  # the epoch end validates and saves anyway
@@ -592,3 +630,16 @@ class Trainer:
             return f"--max-update {cfg.max_update} reached"
         return None
 
+
+class _CollatedBatches(torch.utils.data.Dataset):
+    """A rank's batches for the rest of an epoch, in order, collated where the DataLoader runs it."""
+
+    def __init__(self, batches: list[np.ndarray], make_batch: Callable[[np.ndarray], dict[str, Any]]) -> None:
+        self.batches = batches
+        self.make_batch = make_batch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.make_batch(self.batches[index])

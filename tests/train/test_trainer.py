@@ -159,3 +159,12 @@ def test_eval_bleu_validation_picks_the_best_checkpoint_by_bleu(tiny_data, tmp_p
     assert [r["update"] for r in valid][:1] == [2] and all(0.0 <= r["valid_bleu"] <= 100.0 for r in valid)
     best = load_checkpoint(str(tmp_path / "ck" / "checkpoint_best.pt"))
     assert best["best"] == max(r["valid_bleu"] for r in valid)
+
+
+def test_num_workers_prefetch_gives_the_same_losses(tiny_data, tmp_path):
+    args = ["--max-update", "8", "--dropout", "0.1"]
+    inline = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "a", *args)])
+    workers = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "b", *args, "--num-workers", "2")])
+    assert inline.returncode == 0 and workers.returncode == 0, inline.stderr[-2000:] + workers.stderr[-2000:]
+    assert losses(parse_log(inline.stdout)).tolist() == losses(parse_log(workers.stdout)).tolist()
+    assert all(0.0 <= r["padding_ratio"] < 0.5 for r in parse_log(inline.stdout))
