@@ -17,7 +17,7 @@ nmt-preprocess --source-lang en --target-lang de \
 
 # A fresh run each time (nmt-train would otherwise resume from runs/ckpt/checkpoint_last.pt).
 rm -rf runs/ckpt runs/tensorboard
-nmt-train runs/data --arch transformer_tiny --share-all-embeddings --max-tokens 4096 \
+nmt-train runs/data --arch transformer_tiny --share-all-embeddings --max-tokens 4096 --layout packed \
     --lr 1e-3 --warmup-updates 1000 --dropout 0.3 --label-smoothing 0.1 --clip-norm 1.0 \
     --max-update "$MAX_UPDATE" --validate-interval-updates 500 --no-epoch-checkpoints \
     --save-dir runs/ckpt --tensorboard-logdir runs/tensorboard --log-interval 50

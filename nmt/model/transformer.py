@@ -58,6 +58,41 @@ def _linear(in_dim: int, out_dim: int, *, num_chunks: int = 1, gain: float = 1.0
     return linear
 
 
+class _CpuDropout(torch.autograd.Function):
+    """Inverted dropout whose keep-mask comes from 16-bit halves of 32-bit random draws.
+
+    ``F.dropout`` on CPU draws one Bernoulli sample per element, which made dropout ~12% of a
+    training step of the tiny model; two 16-bit uniforms per 32-bit draw cost a fifth of that. The
+    drop probability is rounded to a multiple of 2^-16 and the scale uses that rounded value, so
+    the expectation stays exact. Seeded by torch's global generator like ``F.dropout``.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, p: float) -> torch.Tensor:  # type: ignore[override]
+        num_dropped_levels = round(p * 65536)
+        draws = torch.randint(-(2**31), 2**31 - 1, ((x.numel() + 1) // 2,), dtype=torch.int32)
+        uniform16 = draws.view(torch.int16)[: x.numel()].view(x.shape)  # uniform over [-2^15, 2^15)
+        keep = uniform16 >= num_dropped_levels - 32768
+        scale = 65536.0 / (65536 - num_dropped_levels)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout``, with a cheaper mask on CPU (CUDA's fused kernel is already fast)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, training)
+    return _CpuDropout.apply(x, p)
+
+
 class KeyBiasFreeLinear(nn.Linear):
     """A fused projection (QKV or KV) whose key chunk has no bias.
 
@@ -110,7 +145,7 @@ class Embedder(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) or (N,); positions (T,) broadcast over the batch, or (N,) -> (..., D)."""
         x = self.tokens(tokens) * self.scale + F.embedding(positions, self.positions)
-        return F.dropout(x, self.dropout, self.training)
+        return dropout(x, self.dropout, self.training)
 
 
 class _Attention(nn.Module):
@@ -193,7 +228,7 @@ class FeedForward(nn.Module):
         self.activation_dropout = activation_dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
+        hidden = dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
         return self.fc2(hidden)
 
 
@@ -208,8 +243,8 @@ class Residual(nn.Module):
 
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if self.normalize_before:
-            return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
-        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+            return x + dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + dropout(sublayer(x), self.dropout, self.training))
 
 
 class EncoderLayer(nn.Module):

@@ -39,7 +39,7 @@ from nmt.data.spm import BOS_ID, PAD_ID
 from nmt.model import build_model
 from nmt.train import checkpoint as ckpt
 from nmt.train.compile import CompiledStep, shape_buckets
-from nmt.train.loss import label_smoothed_cross_entropy
+from nmt.train.loss import linear_label_smoothed_cross_entropy
 from nmt.train.lr import VariableBatchSizeLR, build_scheduler
 from nmt.train.parallel import maybe_no_sync, wrap_data_parallel
 
@@ -344,9 +344,10 @@ class Trainer:
         with autocast:
             hidden = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"], batch["tgt_lengths"], **extra)
             target = batch["target"]
-            real = target != PAD_ID  # project only real positions: the 8k-way output is the costliest op
-            logits = self.model.output_projection(hidden[real])
-        return label_smoothed_cross_entropy(logits, target[real], epsilon=self.cfg.label_smoothing)
+        real = target != PAD_ID  # project only real positions: the 8k-way output is the costliest op
+        return linear_label_smoothed_cross_entropy(
+            hidden[real], self.model.output_projection.weight, target[real], epsilon=self.cfg.label_smoothing
+        )
 
     def split_microbatches(self, indices: np.ndarray) -> list[np.ndarray]:
         """--max-tokens-per-microbatch: balanced parts under the cap, the count agreed over ranks."""

@@ -315,3 +315,19 @@ def test_padded_forward_compiles_without_graph_breaks() -> None:
     batch = random_batch(4, seed=9, with_empty=True)
     explanation = torch._dynamo.explain(model)(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+
+
+def test_cpu_dropout_rate_scale_gradient_and_seeding():
+    from nmt.model.transformer import dropout
+
+    x = torch.ones(400, 500, requires_grad=True)
+    torch.manual_seed(7)
+    y = dropout(x, 0.3, True)
+    kept = y != 0
+    assert abs(1.0 - kept.float().mean().item() - 0.3) < 0.005  # the drop rate
+    assert y.sum().item() == pytest.approx(x.numel(), rel=0.01)  # inverted scaling keeps the expectation
+    y.sum().backward()
+    assert torch.equal(x.grad != 0, kept) and torch.allclose(x.grad[kept], y[kept])
+    torch.manual_seed(7)
+    assert torch.equal(dropout(x, 0.3, True), y)  # the global seed decides the mask
+    assert dropout(x, 0.3, False) is x and dropout(x, 0.0, True) is x
