@@ -1,0 +1,69 @@
+"""Trainer options beyond the core loop: precision, non-finite updates, TensorBoard, curriculum."""
+
+import glob
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from .conftest import parse_log, run_subprocess, train_command
+from .test_trainer import make_trainer
+
+
+@pytest.mark.parametrize("flag", ["--bf16", "--fp16"])
+def test_mixed_precision_trains_on_cpu(tiny_data, tmp_path, flag):
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "6", flag)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = parse_log(result.stdout)
+    assert len(records) == 6 and all(math.isfinite(r["loss"]) for r in records)
+    if flag == "--fp16":
+        assert records[-1]["loss_scale"] > 1  # the scaler is live
+
+
+def test_non_finite_updates_are_skipped_counted_then_stop_training(tiny_data, tmp_path):
+    trainer = make_trainer(tiny_data, tmp_path / "ck", "--max-consecutive-nonfinite", "2")
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    with torch.no_grad():
+        trainer.model.encoder.layers[0].ffn.fc1.weight[0, 0] = float("inf")
+    batch = np.arange(0, 8)
+    tokens = int(trainer.tgt_lengths[batch].sum())
+    stats = trainer.run_update([(0, batch)], update_tokens=tokens, update_sentences=8)
+    assert stats.skipped and trainer.state.skipped_updates == 1
+    for name, p in trainer.model.named_parameters():  # no optimizer step happened
+        if name != "encoder.layers.0.ffn.fc1.weight":
+            assert torch.equal(p, before[name]), name
+    with pytest.raises(RuntimeError, match="2 consecutive updates with a non-finite"):
+        trainer.run_update([(0, batch)], update_tokens=tokens, update_sentences=8)
+
+
+def test_tensorboard_scalars_are_written(tiny_data, tmp_path):
+    logdir = tmp_path / "tb"
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "3", "--tensorboard-logdir", str(logdir))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (event_file,) = glob.glob(str(logdir / "events.out.tfevents.*"))
+    accumulator = EventAccumulator(event_file)
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/wps", "train/gnorm", "train/padding_ratio"} <= tags
+    assert [event.step for event in accumulator.Scalars("train/loss")] == [1, 2, 3]
+
+
+def test_length_curriculum_runs_easy_batches_first(tiny_data, tmp_path):
+    trainer = make_trainer(tiny_data, tmp_path / "ck", "--curriculum", "length", "--curriculum-epochs", "1")
+    trainer.sampler.set_epoch(0)
+    batches = trainer.sampler.global_batches()
+    hardest = [int(np.maximum(trainer.train_data.src_lengths[b], trainer.train_data.tgt_lengths[b]).max()) for b in batches.to_list()]
+    assert hardest == sorted(hardest) and hardest[0] < hardest[-1]
+
+
+def test_curriculum_file_is_checked_against_the_corpus(tiny_data, tmp_path):
+    scores = tmp_path / "scores.txt"
+    scores.write_text("0.5\n1.5\n")
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")])
+    assert result.returncode == 1 and "scores.txt: 2 scores, expected one per training line (600)" in result.stderr
+    scores.write_text("".join(f"{i % 7}\n" for i in range(599)) + "oops\n")
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")])
+    assert result.returncode == 1 and "scores.txt:600: not a number" in result.stderr
