@@ -4,7 +4,7 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TORCHRUN_FLAGS = {"--nproc_per_node"}
+TORCHRUN_FLAGS = {"--nproc_per_node", "--max-restarts", "--rdzv-backend", "--rdzv-endpoint"}
 
 
 def parser_options():

@@ -527,7 +527,7 @@ class Trainer:
             local_index = update_index * cfg.update_freq + u
             if local_index < len(rank_batches):
                 indices = rank_batches[local_index]
-                local.append((int(indices[0]) if indices.size else -1, indices))
+                local.append((int(indices[0]) if indices.size else 0, indices))  # a dummy's seed is moot: zero weight
         return local, update_tokens, int(global_indices.size)
 
     def train(self) -> TrainState:

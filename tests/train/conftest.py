@@ -1,8 +1,12 @@
+import contextlib
+import glob
 import json
 import os
+import signal
 import random
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -70,7 +74,34 @@ def run_subprocess(args, *, torchrun_procs=None, timeout=300, env_extra=None):
                    "--master_port", str(_free_port()), "-m", "nmt_cli.train", *args]
     else:
         command = [sys.executable, "-m", "nmt_cli.train", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    with process_group(command, timeout=timeout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        stdout, stderr = process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def process_group(command, *, timeout=300, **popen_kwargs):
+    """Popen in its own session, killed whole after ``timeout`` seconds (a watchdog, so a test that
+    reads the output line by line cannot hang) and on leaving: ranks hung in a collective after a
+    failure never outlive the test."""
+    process = subprocess.Popen(command, text=True, start_new_session=True, **popen_kwargs)
+
+    def kill_group():
+        # torchrun starts its workers in sessions of their own: kill every descendant too.
+        for pid in [process.pid, *_descendants(process.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    watchdog = threading.Timer(timeout, kill_group)
+    watchdog.start()
+    try:
+        yield process
+    finally:
+        watchdog.cancel()
+        kill_group()
+        process.wait()
 
 
 def _free_port():
@@ -95,3 +126,21 @@ def two_corpus_data(tmp_path_factory):
         )
     )
     return str(root / "data")
+
+
+def _descendants(pid):
+    """Every process below ``pid``, read from /proc."""
+    parents = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found.extend(children)
+        frontier.extend(children)
+    return found

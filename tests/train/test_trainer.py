@@ -12,7 +12,7 @@ import torch
 from nmt.checkpoint_io import load_checkpoint
 from nmt.train.trainer import micro_seed
 
-from .conftest import parse_log, run_subprocess, train_command
+from .conftest import parse_log, process_group, run_subprocess, train_command
 
 
 def losses(records):
@@ -54,15 +54,14 @@ def test_kill_9_and_resume_reproduces_the_uninterrupted_losses(tiny_data, tmp_pa
 
     save_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "nmt_cli.train", tiny_data, *train_command(tiny_data, save_dir, *args)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     seen = []
-    for line in process.stdout:
-        seen.extend(parse_log(line))
-        if seen and seen[-1]["update"] >= 14:
-            process.send_signal(signal.SIGKILL)
-            break
-    process.wait()
+    with process_group(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}) as process:
+        for line in process.stdout:
+            seen.extend(parse_log(line))
+            if seen and seen[-1]["update"] >= 14:
+                process.send_signal(signal.SIGKILL)
+                break
+        process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL
     resumed = run_subprocess([tiny_data, *train_command(tiny_data, save_dir, *args)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -75,14 +74,13 @@ def test_kill_9_and_resume_reproduces_the_uninterrupted_losses(tiny_data, tmp_pa
 
 def test_sigterm_finishes_the_update_saves_and_exits_0(tiny_data, tmp_path):
     command = [sys.executable, "-m", "nmt_cli.train", tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "100000")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for line in process.stdout:
-        if parse_log(line) and parse_log(line)[-1]["update"] >= 3:
-            process.send_signal(signal.SIGTERM)
-            break
-    rest = process.stdout.read()
-    assert process.wait(timeout=60) == 0
+    with process_group(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}) as process:
+        for line in process.stdout:
+            if parse_log(line) and parse_log(line)[-1]["update"] >= 3:
+                process.send_signal(signal.SIGTERM)
+                break
+        rest = process.stdout.read()
+        assert process.wait(timeout=60) == 0
     last_update = max([r["update"] for r in parse_log(rest)], default=3)
     assert load_checkpoint(str(tmp_path / "ck" / "checkpoint_last.pt"))["num_updates"] == last_update
 
