@@ -33,14 +33,15 @@ def test_tiny_model_trains_and_loss_falls(tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_equal_one_rank_with_twice_the_accumulation(tiny_data, tmp_path):
-    """2 ranks x update-freq 1 == 1 rank x update-freq 2, with dropout on (seeded per batch)."""
-    common = ["--max-update", "12", "--dropout", "0.1"]
+    """2 ranks x update-freq 1 == 1 rank x update-freq 2, with dropout on (seeded per batch), across an
+    epoch's end (29 batches: one rank runs a dummy batch in the last update of epoch 1)."""
+    common = ["--max-update", "18", "--dropout", "0.1"]
     one = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "one", *common, "--update-freq", "2")])
     two = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "two", *common, "--update-freq", "1")], torchrun_procs=2)
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = parse_log(one.stdout), parse_log(two.stdout)
-    assert len(a) == len(b) == 12
+    assert len(a) == len(b) == 18 and a[-1]["epoch"] == 2
     assert [r["ntokens"] for r in a] == [r["ntokens"] for r in b]
     np.testing.assert_allclose(losses(a), losses(b), rtol=1e-5)
 
