@@ -133,30 +133,6 @@ def all_gather_variable(tensor: torch.Tensor) -> list[torch.Tensor]:
     return [g[: int(s.item())] for g, s in zip(gathered, sizes)]
 
 
-def all_to_all_variable(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Send ``chunks[r]`` to rank r; return what every rank sent to this one (in rank order).
-
-    Chunk lengths may differ (all-to-all-v). Built from all-to-all of sizes then of padded
-    payloads, which gloo and NCCL both support for equal splits.
-    """
-    world_size = get_world_size()
-    if world_size == 1:
-        return [chunks[0]]
-    if len(chunks) != world_size:
-        raise ValueError(f"need one chunk per rank ({world_size}), got {len(chunks)}")
-    send_sizes = torch.tensor([c.shape[0] for c in chunks], dtype=torch.int64)
-    recv_sizes = torch.empty_like(send_sizes)
-    torch_dist.all_to_all_single(recv_sizes, send_sizes)
-    width = int(all_reduce_max(torch.tensor([int(send_sizes.max())], dtype=torch.int64)).item())
-    trailing = chunks[0].shape[1:]
-    send = torch.zeros((world_size, width, *trailing), dtype=chunks[0].dtype)
-    for r, chunk in enumerate(chunks):
-        send[r, : chunk.shape[0]] = chunk
-    recv = torch.empty_like(send)
-    torch_dist.all_to_all_single(recv, send)
-    return [recv[r, : int(recv_sizes[r])] for r in range(world_size)]
-
-
 def world_size_in(group: object = None) -> int:
     """Size of ``group`` (None: the default group); 1 without a process group."""
     return torch_dist.get_world_size(group) if is_initialized() else 1

@@ -9,3 +9,36 @@ from nmt.data.batching import BatchingOptions, Batches, MaxTokensBatchSampler, g
 from nmt.data.collate import collate
 from nmt.data.curriculum import competence, distributed_sample_sort
 from nmt.data.packing import Packed, pack, pack_padded, partition_microbatches, restore_order, unpack
+
+__all__ = [
+    "Batches",
+    "BatchingOptions",
+    "BlendedCorpus",
+    "BlendedEpochs",
+    "BOS_ID",
+    "build_blend_index",
+    "build_blend_index_distributed",
+    "collate",
+    "competence",
+    "DataError",
+    "distributed_sample_sort",
+    "EOS_ID",
+    "global_batches",
+    "IndexedDataset",
+    "IndexedWriter",
+    "load_manifest",
+    "load_or_build_blend_index",
+    "MaxTokensBatchSampler",
+    "pack",
+    "pack_padded",
+    "Packed",
+    "PAD_ID",
+    "ParallelCorpus",
+    "partition_microbatches",
+    "restore_order",
+    "SentencePieceModel",
+    "shard",
+    "UNK_ID",
+    "unpack",
+    "weights_from_temperature",
+]

@@ -3,7 +3,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
