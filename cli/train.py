@@ -188,10 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             bleu_validator = make_bleu_validator(train_cfg.data_dir, train_cfg.valid_subset, beam=train_cfg.eval_bleu_beam)
         trainer = Trainer(train_cfg, model_cfg, bleu_validator=bleu_validator)
         trainer.train()
-    except ValueError as error:
-        print(f"nmt-train: error: {error}", file=sys.stderr)
-        return 1
-    except RuntimeError as error:
+    except (ValueError, RuntimeError) as error:  # bad options or data; non-finite training; collective failures
         print(f"nmt-train: error: {error}", file=sys.stderr)
         return 1
     finally:

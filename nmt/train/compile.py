@@ -55,17 +55,6 @@ def compiled_frames() -> int:
     return int(torch._dynamo.utils.counters["frames"]["ok"])
 
 
-def pad_batch_to(batch: dict[str, torch.Tensor], *, rows: int, length: int) -> dict[str, torch.Tensor]:
-    """Pad a padded-layout batch to exactly (rows, length) on both sides with zero-weight rows."""
-    out = dict(batch)
-    for key in ("src_tokens", "prev_output_tokens", "target"):
-        tensor = batch[key]
-        out[key] = torch.nn.functional.pad(tensor, (0, length - tensor.shape[1], 0, rows - tensor.shape[0]), value=PAD_ID)
-    for key in ("src_lengths", "tgt_lengths"):
-        out[key] = torch.nn.functional.pad(batch[key], (0, rows - batch[key].shape[0]), value=0)
-    return out
-
-
 @dataclass
 class CompiledStep:
     model: torch.nn.Module  # the compiled (DDP-wrapped where several ranks) model
@@ -101,10 +90,9 @@ class CompiledStep:
         raise AssertionError(f"length {length} has no compiled shape")  # shapes cover the data's longest
 
     def collate(self, samples: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
-        batch = collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout="padded")
-        longest = max(batch["src_tokens"].shape[1], batch["prev_output_tokens"].shape[1])
-        rows, length = self.shape_for(longest)
-        return pad_batch_to(batch, rows=rows, length=length)
+        """Padded to exactly (rows, length) on both sides; the extra rows are empty samples."""
+        rows, length = self.shape_for(max(max(len(src), len(tgt)) for src, tgt in samples))
+        return collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout="padded", pad_rows_to=rows, pad_tokens_to=length)
 
     def warm_up(self, trainer: Trainer) -> None:
         """Forward + backward once per shape on dummy data: no optimizer step, RNG untouched."""

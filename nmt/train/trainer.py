@@ -152,6 +152,7 @@ class Trainer:
         self.log_here = self.is_main or cfg.log_all_ranks
 
         self.manifest = load_manifest(cfg.data_dir)
+        self.vocab = self.read_vocab()  # once: every checkpoint carries it
         self.train_corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
         self.valid_data = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
@@ -253,20 +254,23 @@ class Trainer:
         self.log_metrics(per_corpus, prefix="blend")
 
     # ----------------------------------------------------------------------------- checkpoints
-    def checkpoint_state(self) -> dict[str, Any]:
-        spm = self.manifest["spm"]
-        vocab = {
+    def read_vocab(self) -> dict[str, Any]:
+        """What a checkpoint needs to translate raw text on its own: languages, ids, SentencePiece models."""
+        vocab: dict[str, Any] = {
             "source_lang": self.manifest["source_lang"],
             "target_lang": self.manifest["target_lang"],
             "special_ids": dict(self.manifest["special_ids"]),
         }
         for side in ("src", "tgt"):
-            with open(os.path.join(self.cfg.data_dir, spm[f"{side}_model"]), "rb") as handle:
+            with open(os.path.join(self.cfg.data_dir, self.manifest["spm"][f"{side}_model"]), "rb") as handle:
                 vocab[f"{side}_spm"] = bytes_to_tensor(handle.read())
+        return vocab
+
+    def checkpoint_state(self) -> dict[str, Any]:
         return ckpt.make_checkpoint(
             model=self.model.state_dict(),
             model_config=to_dict(self.model_cfg),
-            vocab=vocab,
+            vocab=self.vocab,
             train_config=to_dict(self.cfg),
             optimizer=self.optimizer.state_dict(),
             lr_scheduler=self.scheduler.state_dict(),
