@@ -129,6 +129,21 @@ def test_large_case_blocks_are_stratified_and_permuted():
     assert same_as_next < 2 * np.sum((plan.counts / num_samples) ** 2) + 0.01
 
 
+def test_each_pass_over_a_repeated_corpus_has_a_fresh_order():
+    # Corpus 0 fills half of the epoch: 4 passes of 2M samples, each spread over 4M slots.
+    size, num_samples = 2_000_000, 16_000_000
+    corpus_ids, sample_ids = build_blend_index([size, 10**8], [1, 1], num_samples, seed=5, epoch=0)
+    window = slice(0, 1_000_000)  # the first quarter of pass 0: a quarter of the corpus
+    next_pass = slice(2 * size, 2 * size + 1_000_000)  # the same quarter of pass 1
+    first = sample_ids[window][corpus_ids[window] == 0]
+    second = sample_ids[next_pass][corpus_ids[next_pass] == 0]
+    assert 0.2 < first.size / size < 0.3 and 0.2 < second.size / size < 0.3
+    # The same permutation every pass would give (almost) the same samples in both windows;
+    # independent ones share a quarter of them.
+    shared = np.intersect1d(first, second).size / first.size
+    assert 0.2 < shared < 0.3, shared
+
+
 def test_deterministic_per_seed_and_epoch():
     sizes, weights = [100, 2000, 7], [0.2, 0.5, 0.3]
     first = build_blend_index(sizes, weights, 5000, seed=1, epoch=2)
