@@ -3,10 +3,11 @@
 The vocabulary projection and its loss are the costliest part of a small model's step (8k classes
 per target token). Done the plain way, the (N, V) logits, their log-softmax, the gather's gradient
 and the softmax gradient are each written to memory and read back. Here rows are processed in
-chunks that stay in cache: per chunk the logits are computed, reduced to the loss, turned into their
-gradient in place and multiplied back into the gradients of the hidden states and of the weight
-right away, so nothing of size (N, V) is ever stored. The analytic gradient of label-smoothed
-cross entropy is ``softmax(z) - (1 - eps) * onehot(target) - eps / V``.
+chunks that stay in cache: per chunk the logits are computed, exponentiated once in place (the
+same exponentials give the loss and the softmax), turned into their gradient in place and
+multiplied back into the gradients of the hidden states and of the weight right away, so nothing
+of size (N, V) is ever stored. The analytic gradient of label-smoothed cross entropy is
+``softmax(z) - (1 - eps) * onehot(target) - eps / V``.
 
 Sums, not means: the trainer normalises once per update by the token count of all ranks.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_ROWS = 256  # (256, 8k) fp32 logits = 8 MB: in cache for the softmax and both backward GEMMs
+CHUNK_ROWS = 512  # (512, 8k) fp32 logits = 16 MB: 256 rows measured 15% slower (thinner GEMMs)
 
 
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -35,19 +36,25 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
         nll = torch.zeros((), dtype=torch.float64, device=hidden.device)
         grad_hidden = torch.empty_like(hidden32) if needs_grad else None  # (N, D)
         grad_weight = torch.zeros_like(weight32) if needs_grad else None  # (V, D)
+        # sum over classes of z = h . (sum of the weight's rows): a matrix-vector product instead
+        # of one more pass over the (C, V) logits.
+        weight_sum = weight32.sum(dim=0)  # (D,)
         for start in range(0, num_rows, chunk_rows):
             rows = slice(start, min(start + chunk_rows, num_rows))
             h, t = hidden32[rows], target[rows]  # (C, D), (C,)
             logits = h @ weight32.T  # (C, V)
-            lse = torch.logsumexp(logits, dim=-1)  # (C,)
             target_logit = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)  # (C,)
+            row_max = logits.amax(dim=-1, keepdim=True)  # (C, 1)
+            # One exp per logit: the same exponentials give the log-sum-exp and the softmax.
+            exp_sum = logits.sub_(row_max).exp_().sum(dim=-1, keepdim=True)  # (C, 1)
+            lse = (row_max + exp_sum.log()).squeeze(-1)  # (C,)
             chunk_nll = (lse - target_logit).sum()
             # sum over classes of -log p = V * lse - sum(z)
-            chunk_smooth = lse.sum() * num_classes - logits.sum()
+            chunk_smooth = lse.sum() * num_classes - (h @ weight_sum).sum()
             loss += (1.0 - epsilon) * chunk_nll + (epsilon / num_classes) * chunk_smooth
             nll += chunk_nll
             if needs_grad:
-                grad_logits = logits.sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place
+                grad_logits = logits.div_(exp_sum)  # softmax, in place
                 if epsilon:
                     grad_logits.sub_(epsilon / num_classes)
                 grad_logits[torch.arange(t.shape[0], device=t.device), t] -= 1.0 - epsilon
