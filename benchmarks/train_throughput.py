@@ -125,7 +125,8 @@ def process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]
     for procs in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:
             command = ["-m", "nmt_cli.train", DATA, "--save-dir", tmp, "--share-all-embeddings", "--max-tokens", "4096",
-                       "--max-update", str(args.warmup + args.updates), "--log-format", "json", "--log-interval", "1"]
+                       "--max-update", str(args.warmup + args.updates), "--log-format", "json", "--log-interval", "1",
+                       "--layout", args.process_layout]
             if procs == 1:
                 command = [sys.executable, *command]
             else:
@@ -140,7 +141,7 @@ def process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]
             seconds = sum(r["ntokens"] / r["wps"] for r in timed)
             tokens_per_s = sum(r["ntokens"] for r in timed) / seconds
             rows.append((f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)",
-                         tokens_per_s, float("nan"), "padded + our sampler"))
+                         tokens_per_s, float("nan"), f"{args.process_layout} + our sampler"))
             print(f"  {rows[-1][0]}: {tokens_per_s:,.0f} tok/s", flush=True)
     return rows
 
@@ -151,6 +152,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-processes", action="store_true")
+    parser.add_argument("--process-layout", default="packed", choices=("padded", "packed"))
     args = parser.parse_args()
     ensure_data()
     print("measuring ...", flush=True)

@@ -35,7 +35,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -352,8 +352,11 @@ def build_blend_index_distributed(
 class BlendedEpochs:
     """Index per epoch; ``get(e)`` also starts building epoch e+1 in a background thread.
 
-    Each process builds on its own (threads, no collectives: a background thread must not issue
-    collectives that could interleave with training's). Two epochs are in memory at a boundary.
+    With several ranks (``world_size`` > 1, ``cache_dir`` on a file system the ranks share), each
+    rank's background thread builds only its 1/W of the blocks into part files of the cache; at
+    the epoch boundary ``get`` waits on ``barrier`` (called from the training thread, where
+    collectives are safe) and reads every part back. A part another rank wrote where this rank
+    cannot see it (a node-local disk) is built here instead. Two epochs are in memory at a boundary.
     """
 
     def __init__(
@@ -365,29 +368,72 @@ class BlendedEpochs:
         seed: int,
         cache_dir: str | os.PathLike | None = None,
         num_threads: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Callable[[], None] | None = None,
     ) -> None:
         # Fail on bad arguments now rather than inside the background thread.
         make_plan(sizes, weights, 0, seed=seed, epoch=0)
         if num_samples < 0:
             raise ValueError(f"--epoch-samples must be >= 0, got {num_samples}")
+        if world_size > 1 and (cache_dir is None or barrier is None):
+            raise ValueError("several ranks share a blend through cache_dir and a barrier")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
         self._sizes = list(sizes)
         self._weights = list(weights)
         self._num_samples = num_samples
         self._seed = seed
         self._cache_dir = cache_dir
         self._num_threads = num_threads
+        self._rank, self._world_size, self._barrier = rank, world_size, barrier
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blend-prefetch")
         self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
         self.num_prefetch_hits = 0
+        self.parts_built: list[tuple[int, int]] = []  # (epoch, rank) of the parts built here
 
-    def _build(self, epoch: int) -> tuple[CorpusIds, SampleIds]:
+    def _build(self, epoch: int) -> tuple[CorpusIds, SampleIds] | None:
         kwargs = dict(seed=self._seed, epoch=epoch, num_threads=self._num_threads)
+        if self._world_size > 1:
+            self._build_part(epoch, self._rank)
+            return None
         if self._cache_dir is None:
             return build_blend_index(self._sizes, self._weights, self._num_samples, **kwargs)
         return load_or_build_blend_index(
             self._sizes, self._weights, self._num_samples, cache_dir=self._cache_dir, **kwargs
         )
+
+    def _part_paths(self, epoch: int, rank: int) -> tuple[Path, Path]:
+        key = cache_key(self._sizes, self._weights, self._num_samples, seed=self._seed, epoch=epoch)
+        return cache_paths(self._cache_dir, f"{key}.part{rank}of{self._world_size}")
+
+    def _build_part(self, epoch: int, rank: int) -> None:
+        corpus_path, sample_path = self._part_paths(epoch, rank)
+        if corpus_path.exists() and sample_path.exists():
+            return
+        plan = make_plan(self._sizes, self._weights, self._num_samples, seed=self._seed, epoch=epoch)
+        first, last = _rank_blocks(plan.num_blocks, rank=rank, world_size=self._world_size)
+        lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
+        corpus_part, sample_part = _allocate(hi - lo, plan.sample_dtype)
+        threads = _threads(self._num_threads, last - first)
+        fill_blocks(
+            plan, corpus_part, sample_part, first_block=first, last_block=last, num_threads=threads
+        )
+        Path(self._cache_dir).mkdir(parents=True, exist_ok=True)
+        _save_atomic(sample_path, sample_part)
+        _save_atomic(corpus_path, corpus_part)  # last: its presence marks a complete part
+        self.parts_built.append((epoch, rank))
+
+    def _assemble(self, epoch: int) -> tuple[CorpusIds, SampleIds]:
+        self._barrier()  # every rank has written its part (or found it cached)
+        parts = []
+        for rank in range(self._world_size):
+            corpus_path, sample_path = self._part_paths(epoch, rank)
+            if not corpus_path.exists():
+                self._build_part(epoch, rank)
+            parts.append(_load(corpus_path, sample_path))
+        return np.concatenate([c for c, _ in parts]), np.concatenate([s for _, s in parts])
 
     def get(self, epoch: int) -> tuple[CorpusIds, SampleIds]:
         with self._lock:
@@ -399,6 +445,8 @@ class BlendedEpochs:
             self.num_prefetch_hits += 1
         else:
             result = self._build(epoch)
+        if self._world_size > 1:
+            result = self._assemble(epoch)
         with self._lock:
             self._pending[epoch + 1] = self._executor.submit(self._build, epoch + 1)
         return result

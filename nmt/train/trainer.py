@@ -215,6 +215,7 @@ class Trainer:
         return BlendedEpochs(
             sizes, weights, cfg.epoch_samples or sum(sizes), seed=cfg.seed,
             cache_dir=os.path.join(cfg.save_dir, "blend-cache"),
+            rank=self.env.rank, world_size=self.env.world_size, barrier=dist.barrier,
         )
 
     def make_sampler(self, dataset: ParallelCorpus | BlendedCorpus) -> MaxTokensBatchSampler:

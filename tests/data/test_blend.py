@@ -22,6 +22,7 @@ from nmt.data.blend import (
 
 # --import-mode=importlib keeps test folders off sys.path; spawned workers inherit this entry.
 sys.path.insert(0, os.path.dirname(__file__))
+from _blend_ranks import blended_epochs_on_rank  # noqa: E402
 from _dist_helpers import GlooPool  # noqa: E402
 
 
@@ -272,3 +273,38 @@ def test_two_rank_build_equals_one_rank_build(tmp_path):
         pool.close()
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 2
     assert not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_ranks_prefetch_only_their_part_of_each_epoch(tmp_path):
+    case = ([70_000, 120, 30_000, 9], [0.4, 0.1, 0.3, 0.2], 400_000)
+    assert make_plan(*case, seed=3, epoch=0).num_blocks >= 3  # each rank has real work
+    pool = GlooPool(2)
+    try:
+        results = pool.run(blended_epochs_on_rank, [(*case, tmp_path, [0, 1])] * 2)
+        # A second run (a resume) finds every part in the cache and builds nothing.
+        again = pool.run(blended_epochs_on_rank, [(*case, tmp_path, [1])] * 2)
+    finally:
+        pool.close()
+    for rank, (indices, parts_built, prefetch_hits) in enumerate(results):
+        for epoch, (corpus_ids, sample_ids) in enumerate(indices):
+            expected = build_blend_index(*case, seed=3, epoch=epoch)
+            np.testing.assert_array_equal(corpus_ids, expected[0])
+            np.testing.assert_array_equal(sample_ids, expected[1])
+        # Epoch 0 on demand, 1 in the background (2 too unless closing cancelled it): this rank's
+        # part only.
+        assert {(0, rank), (1, rank)} <= set(parts_built) <= {(0, rank), (1, rank), (2, rank)}
+        assert prefetch_hits == 1
+    for rank, (indices, parts_built, _) in enumerate(again):
+        np.testing.assert_array_equal(indices[0][1], results[rank][0][1][1])
+        assert (1, rank) not in parts_built
+
+
+def test_a_part_this_rank_cannot_see_is_built_here(tmp_path):
+    sizes, weights, num_samples = [5000, 300], [1, 1], 300_000
+    with BlendedEpochs(sizes, weights, num_samples, seed=3, cache_dir=tmp_path, rank=1,
+                       world_size=2, barrier=lambda: None) as blend:
+        corpus_ids, sample_ids = blend.get(0)
+    assert sorted(blend.parts_built)[:2] == [(0, 0), (0, 1)]
+    expected = build_blend_index(sizes, weights, num_samples, seed=3, epoch=0)
+    np.testing.assert_array_equal(corpus_ids, expected[0])
+    np.testing.assert_array_equal(sample_ids, expected[1])

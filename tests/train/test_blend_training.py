@@ -29,3 +29,13 @@ def test_temperature_sampling_and_bad_weights(two_corpus_data, tmp_path):
     bad = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "b",
                           "--train-subsets", "train,train1", "--subset-weights", "1,-1")])
     assert bad.returncode == 1 and "--subset-weights" in bad.stderr
+
+
+def test_two_ranks_train_on_the_same_blend_each_building_half(two_corpus_data, tmp_path):
+    args = ["--train-subsets", "train,train1", "--subset-weights", "0.75,0.25", "--epoch-samples", "400", "--max-epoch", "2"]
+    result = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)], torchrun_procs=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [(r["train_samples"], r["train1_samples"]) for r in blend_records(result.stdout)] == [(300, 100), (300, 100)]
+    parts = sorted(path.name.split(".")[1] for path in (tmp_path / "ck" / "blend-cache").glob("*.corpus.npy"))
+    # Epochs 1 and 2 (and the prefetched 3rd, unless the exit cancelled it), one part per rank.
+    assert set(parts) == {"part0of2", "part1of2"} and all(parts.count(p) in (2, 3) for p in set(parts)), parts
