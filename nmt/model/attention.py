@@ -257,15 +257,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attention
 
     q: (B, T, H, Dh) padded or (Nt, H, Dh) packed; k, v: (B, S, H, Dh) or (Ns, H, Dh).
     """
+    if mask.packed:
+        return _packed_attention(q, k, v, mask, dropout_p=dropout_p)
     if mask.backend == "xformers":
         return _xformers(q, k, v, mask, dropout_p=dropout_p)
-    if mask.packed:
-        if mask.backend == "varlen":
-            return _varlen(q, k, v, mask)
-        assert mask.q_packing is not None and mask.kv_packing is not None
-        out = _sdpa(mask.q_packing.pad(q), mask.kv_packing.pad(k), mask.kv_packing.pad(v), mask, dropout_p=dropout_p)
-        return mask.q_packing.unpad(out)  # (Nt, H, Dh)
     return _sdpa(q, k, v, mask, dropout_p=dropout_p)
+
+
+@torch.compiler.disable
+def _packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+    """Packed (N, H, Dh) attention. Eager under torch.compile: the shapes inside depend on the number
+    of samples and the longest one, so the compiled graphs around it see token counts only."""
+    if mask.backend == "xformers":
+        return _xformers(q, k, v, mask, dropout_p=dropout_p)
+    if mask.backend == "varlen":
+        return _varlen(q, k, v, mask)
+    assert mask.q_packing is not None and mask.kv_packing is not None
+    out = _sdpa(mask.q_packing.pad(q), mask.kv_packing.pad(k), mask.kv_packing.pad(v), mask, dropout_p=dropout_p)
+    return mask.q_packing.unpad(out)  # (Nt, H, Dh)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:

@@ -386,6 +386,40 @@ class DecoderState:
             cache.reorder(index)
 
 
+@dataclass
+class PackedMasks:
+    encoder: AttentionMask
+    decoder_self: AttentionMask
+    cross: AttentionMask
+    src_positions: torch.Tensor  # (Ns,)
+    tgt_positions: torch.Tensor  # (Nt,)
+
+
+@torch.compiler.disable
+def packed_masks(
+    backend: str,
+    src_lengths: torch.Tensor,
+    tgt_lengths: torch.Tensor,
+    *,
+    num_src: int,
+    num_tgt: int,
+    src_cu_seqlens: torch.Tensor | None,
+    tgt_cu_seqlens: torch.Tensor | None,
+) -> PackedMasks:
+    """A packed batch's masks, built from the per-sample lengths. A compiled model gets them from
+    outside (``masks=``): their sizes vary with the number of samples, and the compiled graphs must
+    see token counts only (a tensor argument of varying size would be a recompile)."""
+    src = Packing.from_lengths(src_lengths, num_tokens=num_src, cu_seqlens=src_cu_seqlens)
+    tgt = Packing.from_lengths(tgt_lengths, num_tokens=num_tgt, cu_seqlens=tgt_cu_seqlens)
+    return PackedMasks(
+        encoder=AttentionMask(backend, key_lengths=src.lengths, q_packing=src, kv_packing=src),
+        decoder_self=AttentionMask(backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt),
+        cross=AttentionMask(backend, key_lengths=src.lengths, q_packing=tgt, kv_packing=src),
+        src_positions=src.positions,
+        tgt_positions=tgt.positions,
+    )
+
+
 class TransformerModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -413,21 +447,23 @@ class TransformerModel(nn.Module):
     def forward(
         self,
         src_tokens: torch.Tensor,
-        src_lengths: torch.Tensor,
+        src_lengths: torch.Tensor | None,
         prev_output_tokens: torch.Tensor,
-        tgt_lengths: torch.Tensor,
+        tgt_lengths: torch.Tensor | None,
         *,
         packed: bool = False,
         src_positions: torch.Tensor | None = None,
         tgt_positions: torch.Tensor | None = None,
         src_cu_seqlens: torch.Tensor | None = None,
         tgt_cu_seqlens: torch.Tensor | None = None,
+        masks: PackedMasks | None = None,
     ) -> torch.Tensor:
         """Teacher-forced decoder states.
 
         Padded: src_tokens (B, S), prev_output_tokens (B, T), lengths (B,) -> (B, T, D); positions
         and cu_seqlens are not used (decoder self-attention is causal, so only the source lengths
-        matter). Packed: src_tokens (Ns,), prev_output_tokens (Nt,), lengths (B,) -> (Nt, D).
+        matter). Packed: src_tokens (Ns,), prev_output_tokens (Nt,), lengths (B,) -> (Nt, D); with
+        ``masks`` (see ``packed_masks``) the lengths and cu_seqlens are not read.
         Length-0 samples are allowed (finite outputs, zero gradient from them).
         """
         backend = self.backend(src_tokens.device)
@@ -441,19 +477,20 @@ class TransformerModel(nn.Module):
                 cross_kv=self.decoder.project_cross_kv(encoder_out.states),
                 cross_mask=encoder_out.mask,
             )
-        src = Packing.from_lengths(src_lengths, num_tokens=src_tokens.shape[0], cu_seqlens=src_cu_seqlens)
-        tgt = Packing.from_lengths(tgt_lengths, num_tokens=prev_output_tokens.shape[0], cu_seqlens=tgt_cu_seqlens)
+        if masks is None:
+            masks = packed_masks(
+                backend, src_lengths, tgt_lengths, num_src=src_tokens.shape[0], num_tgt=prev_output_tokens.shape[0],
+                src_cu_seqlens=src_cu_seqlens, tgt_cu_seqlens=tgt_cu_seqlens,
+            )
         encoder_states = self.encoder(
-            src_tokens,
-            src.positions if src_positions is None else src_positions,
-            AttentionMask(backend, key_lengths=src.lengths, q_packing=src, kv_packing=src),
+            src_tokens, masks.src_positions if src_positions is None else src_positions, masks.encoder
         )  # (Ns, De)
         return self.decoder(
             prev_output_tokens,
-            tgt.positions if tgt_positions is None else tgt_positions,
-            self_mask=AttentionMask(backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt),
+            masks.tgt_positions if tgt_positions is None else tgt_positions,
+            self_mask=masks.decoder_self,
             cross_kv=self.decoder.project_cross_kv(encoder_states),
-            cross_mask=AttentionMask(backend, key_lengths=src.lengths, q_packing=tgt, kv_packing=src),
+            cross_mask=masks.cross,
         )  # (Nt, D)
 
     def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:

@@ -37,8 +37,9 @@ from nmt.data.collate import collate
 from nmt.data.packing import partition_microbatches
 from nmt.data.spm import BOS_ID, PAD_ID
 from nmt.model import build_model
+from nmt.model.transformer import packed_masks
 from nmt.train import checkpoint as ckpt
-from nmt.train.compile import CompiledStep, shape_buckets
+from nmt.train.compile import CompiledStep, packed_token_buckets, shape_buckets
 from nmt.train.loss import linear_label_smoothed_cross_entropy
 from nmt.train.lr import VariableBatchSizeLR, build_scheduler
 from nmt.train.parallel import maybe_no_sync, wrap_data_parallel
@@ -160,7 +161,8 @@ class Trainer:
             else None
         )
         self.blend = self.make_blend()
-        self.length_multiple = cfg.length_multiple if cfg.compile else 1
+        # Padded compiled shapes round every sample; packed ones round the batch total instead.
+        self.length_multiple = cfg.length_multiple if cfg.compile and cfg.layout == "padded" else 1
         # A single corpus is the training set for every epoch; a blend replaces both per epoch.
         self.train_data: ParallelCorpus | BlendedCorpus = self.train_corpora[0]
         self.sampler = self.make_sampler(self.train_data)
@@ -337,17 +339,22 @@ class Trainer:
 
     def forward_loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss sum, nll sum) over the real target tokens of one micro-batch."""
-        packed = self.cfg.layout == "packed"
-        extra = (
-            dict(packed=True, src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
-                 src_cu_seqlens=batch["src_cu_seqlens"], tgt_cu_seqlens=batch["tgt_cu_seqlens"])
-            if packed else {}
-        )
+        extra: dict[str, Any] = {}
+        if self.cfg.layout == "packed":
+            # Built here, eager: a compiled model sees token counts only, never the per-sample sizes.
+            masks = packed_masks(
+                self.model.backend(self.device), batch["src_lengths"], batch["tgt_lengths"],
+                num_src=batch["src_tokens"].shape[0], num_tgt=batch["prev_output_tokens"].shape[0],
+                src_cu_seqlens=batch["src_cu_seqlens"], tgt_cu_seqlens=batch["tgt_cu_seqlens"],
+            )
+            extra = dict(packed=True, src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"], masks=masks)
         autocast = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
         )
         with autocast:
-            hidden = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"], batch["tgt_lengths"], **extra)
+            # With masks, a packed forward needs no lengths (and must not get them: see above).
+            src_lengths, tgt_lengths = (None, None) if extra else (batch["src_lengths"], batch["tgt_lengths"])
+            hidden = model(batch["src_tokens"], src_lengths, batch["prev_output_tokens"], tgt_lengths, **extra)
             target = batch["target"]
         real = target != PAD_ID  # project only real positions: the 8k-way output is the costliest op
         return linear_label_smoothed_cross_entropy(
@@ -538,7 +545,10 @@ class Trainer:
     def train(self) -> TrainState:
         cfg = self.cfg
         self.try_resume()
-        if cfg.compile:
+        if cfg.compile and cfg.layout == "packed":
+            shapes = [(1, tokens) for tokens in packed_token_buckets(max_tokens=cfg.max_tokens, length_multiple=cfg.length_multiple)]
+            self.compiled = CompiledStep.build(self, shapes)
+        elif cfg.compile:
             self.compiled = CompiledStep.build(self, shape_buckets(
                 np.concatenate([c.src_lengths for c in self.train_corpora]),
                 np.concatenate([c.tgt_lengths for c in self.train_corpora]),
