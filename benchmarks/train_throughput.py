@@ -48,10 +48,11 @@ def make_trainer(save_dir: str, *extra: str):
 
 def random_batches(trainer, *, seed: int) -> list[np.ndarray]:
     """What a plain loop does: shuffle, then cut greedily under the padded token budget."""
-    from nmt.data.batching import greedy_offsets
+    from nmt.data.batching import greedy_offsets, round_up
 
-    src = np.asarray(trainer.train_data.src_lengths, dtype=np.int64)
-    tgt = np.asarray(trainer.train_data.tgt_lengths, dtype=np.int64)
+    # Lengths rounded as the compiled shapes round them (a no-op without --compile).
+    src = round_up(np.asarray(trainer.train_data.src_lengths, dtype=np.int64), trainer.length_multiple)
+    tgt = round_up(np.asarray(trainer.train_data.tgt_lengths, dtype=np.int64), trainer.length_multiple)
     order = np.random.default_rng(seed).permutation(src.shape[0])
     offsets = greedy_offsets(src[order], tgt[order], trainer.cfg.max_tokens, packed=False)
     return [order[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
@@ -77,13 +78,21 @@ def measure(trainer, batches: list[np.ndarray], *, warmup: int, updates: int) ->
 
 def compile_for(trainer, batches: list[np.ndarray]) -> float:
     """Compile exactly the shapes of the measured batches; returns the warm-up seconds."""
-    from nmt.train.compile import CompiledStep, shape_buckets
+    from nmt.train.compile import CompiledStep, packed_token_buckets, shape_buckets
 
-    longest = [int(max(trainer.train_data.src_lengths[b].max(), trainer.train_data.tgt_lengths[b].max())) for b in batches]
-    all_shapes = shape_buckets(trainer.train_data.src_lengths, trainer.train_data.tgt_lengths,
-                               max_tokens=trainer.cfg.max_tokens, length_multiple=trainer.cfg.length_multiple, max_sentences=None)
-    needed = {-(-n // trainer.cfg.length_multiple) * trainer.cfg.length_multiple for n in longest}
-    trainer.compiled = CompiledStep.build(trainer, [s for s in all_shapes if s[1] in needed])
+    data, cfg = trainer.train_data, trainer.cfg
+    if cfg.layout == "packed":
+        totals = [int(max(data.src_lengths[b].sum(), data.tgt_lengths[b].sum())) for b in batches]
+        buckets = packed_token_buckets(max_tokens=cfg.max_tokens, length_multiple=cfg.length_multiple)
+        needed = {min(n for n in buckets if n >= total) for total in totals}
+        shapes = [(1, n) for n in buckets if n in needed]
+    else:
+        longest = [int(max(data.src_lengths[b].max(), data.tgt_lengths[b].max())) for b in batches]
+        all_shapes = shape_buckets(data.src_lengths, data.tgt_lengths, max_tokens=cfg.max_tokens,
+                                   length_multiple=cfg.length_multiple, max_sentences=None)
+        needed = {-(-n // cfg.length_multiple) * cfg.length_multiple for n in longest}
+        shapes = [s for s in all_shapes if s[1] in needed]
+    trainer.compiled = CompiledStep.build(trainer, shapes)
     return trainer.compiled.warmup_seconds
 
 
@@ -96,9 +105,6 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
     for compiled in ([False] if args.skip_compile else [False, True]):
         for label, layout, batching in configs:
             name = label + (" + compile" if compiled else "")
-            if compiled and layout == "packed":
-                rows.append((name, float("nan"), float("nan"), "not implemented (compile is padded-only)"))
-                continue
             with tempfile.TemporaryDirectory() as tmp:
                 extra = ["--layout", layout] + (["--compile", "--length-multiple", "16"] if compiled else [])
                 trainer = make_trainer(tmp, *extra)
