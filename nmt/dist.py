@@ -63,14 +63,37 @@ def init_distributed(device_type: str, *, timeout_minutes: float = 30.0) -> Dist
     env = env_from_environ()
     if env.world_size > 1 and not is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
+        timeout = datetime.timedelta(minutes=timeout_minutes)
         torch_dist.init_process_group(
             backend=backend,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            timeout=timeout,
+            store=_attempt_store(env, timeout),
         )
         logger.info("joined process group: rank %d of %d (%s)", env.rank, env.world_size, backend)
     return env
+
+
+def _attempt_store(env: DistEnv, timeout: datetime.timedelta) -> torch_dist.Store | None:
+    """After a ``torchrun --max-restarts`` restart, a store whose keys are this attempt's only.
+
+    torchrun's c10d rendezvous keeps one store across restarts, and the process group's keys (each
+    rank's address) are the same every attempt: a restarted rank could read a dead peer's address
+    from the previous attempt and fail with "connection refused" (or hang). Prefixing the keys with
+    the restart count makes every attempt start clean. None (the env:// default) otherwise."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None:
+        return None
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = torch_dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=env.rank == 0 and not agent_hosts_store,
+        timeout=timeout,
+    )
+    return torch_dist.PrefixStore(f"nmt/attempt_{restart}/", store)
 
 
 def destroy() -> None:

@@ -166,3 +166,54 @@ def test_num_workers_prefetch_gives_the_same_losses(tiny_data, tmp_path):
     assert inline.returncode == 0 and workers.returncode == 0, inline.stderr[-2000:] + workers.stderr[-2000:]
     assert losses(parse_log(inline.stdout)).tolist() == losses(parse_log(workers.stdout)).tolist()
     assert all(0.0 <= r["padding_ratio"] < 0.5 for r in parse_log(inline.stdout))
+
+
+def _worker_pids(launcher_pid, rank):
+    """The nmt-train worker of ``rank`` that torchrun (``launcher_pid``) runs now."""
+    from .conftest import _descendants
+
+    found = []
+    for pid in _descendants(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if environ.get(b"RANK") == str(rank).encode() and b"TORCHELASTIC_RUN_ID" in environ:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_resumes_after_a_rank_dies(tiny_data, tmp_path):
+    from .conftest import _free_port
+
+    args = ["--max-update", "24", "--save-interval-updates", "3", "--dropout", "0.1"]
+    reference = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ref", *args)], torchrun_procs=2)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = {r["update"]: r["loss"] for r in parse_log(reference.stdout)}
+
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+        "-m", "nmt_cli.train", tiny_data, *train_command(tiny_data, tmp_path / "crash", *args),
+    ]
+    seen, killed = [], []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = open(tmp_path / "torchrun.err", "w")
+    with process_group(command, timeout=240, stdout=subprocess.PIPE, stderr=log, env=env) as process:
+        for line in process.stdout:
+            seen.extend(parse_log(line))
+            if not killed and seen and seen[-1]["update"] >= 10:
+                killed = _worker_pids(process.pid, rank=1)
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=120)
+    log.close()
+    assert killed and process.returncode == 0, (tmp_path / "torchrun.err").read_text()[-3000:]
+    updates = [r["update"] for r in seen]
+    assert updates[-1] == 24  # the restarted job ran to the end
+    (restart,) = [i for i in range(1, len(updates)) if updates[i] <= updates[i - 1]]
+    assert updates[restart] in range(8, 14)  # resumed from the last save (every 3 updates)
+    for record in seen:
+        assert record["loss"] == pytest.approx(expected[record["update"]], rel=1e-6), record["update"]
