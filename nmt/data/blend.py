@@ -22,7 +22,7 @@ the steps above are a handful of vectorised passes over cache-sized blocks, need
 size N, and every block is computed independently from O(k + blocks) parameters. That last point is
 what makes the distributed build cheap: rank r computes blocks [r B/W, (r+1) B/W) and the result
 does not depend on W. The permutation is deterministic and a true bijection of the slots, but it
-is not uniform over all N! orders (step 2 is affine per corpus and epoch).
+is not uniform over all N! orders (step 2 is affine per corpus, pass and epoch).
 """
 
 from __future__ import annotations
@@ -229,13 +229,22 @@ def build_blend_index(
 ) -> tuple[CorpusIds, SampleIds]:
     """The epoch's (corpus_ids uint16, sample_ids int32|int64), each of length num_samples."""
     plan = make_plan(sizes, weights, num_samples, seed=seed, epoch=epoch)
-    corpus_ids, sample_ids = _allocate(plan.num_samples, plan.sample_dtype)
-    threads = _threads(num_threads, plan.num_blocks)
-    with _prefaulting([corpus_ids, sample_ids], num_streams=threads):
+    return _build_rank_part(plan, rank=0, world_size=1, num_threads=num_threads)
+
+
+def _build_rank_part(
+    plan: BlendPlan, *, rank: int, world_size: int, num_threads: int | None
+) -> tuple[CorpusIds, SampleIds]:
+    """Blocks [r B/W, (r+1) B/W) into fresh arrays: the whole index for one rank."""
+    first, last = _rank_blocks(plan.num_blocks, rank=rank, world_size=world_size)
+    lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
+    corpus_part, sample_part = _allocate(hi - lo, plan.sample_dtype)
+    threads = _threads(num_threads, last - first)
+    with _prefaulting([corpus_part, sample_part], num_streams=threads):
         fill_blocks(
-            plan, corpus_ids, sample_ids, first_block=0, last_block=plan.num_blocks, num_threads=threads
+            plan, corpus_part, sample_part, first_block=first, last_block=last, num_threads=threads
         )
-    return corpus_ids, sample_ids
+    return corpus_part, sample_part
 
 
 def cache_key(
@@ -308,13 +317,9 @@ def build_blend_index_distributed(
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     plan = make_plan(sizes, weights, num_samples, seed=seed, epoch=epoch)
-    first, last = _rank_blocks(plan.num_blocks, rank=rank, world_size=world_size)
-    threads = _threads(num_threads, last - first)
     if cache_dir is None:
-        lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
-        corpus_part, sample_part = _allocate(hi - lo, plan.sample_dtype)
-        fill_blocks(
-            plan, corpus_part, sample_part, first_block=first, last_block=last, num_threads=threads
+        corpus_part, sample_part = _build_rank_part(
+            plan, rank=rank, world_size=world_size, num_threads=num_threads
         )
         return _all_gather_parts(corpus_part), _all_gather_parts(sample_part)
 
@@ -331,6 +336,7 @@ def build_blend_index_distributed(
     dist.barrier()
     corpus_map = np.lib.format.open_memmap(corpus_tmp, mode="r+")
     sample_map = np.lib.format.open_memmap(sample_tmp, mode="r+")
+    first, last = _rank_blocks(plan.num_blocks, rank=rank, world_size=world_size)
     lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
     fill_blocks(
         plan,
@@ -338,7 +344,7 @@ def build_blend_index_distributed(
         sample_map[lo:hi],
         first_block=first,
         last_block=last,
-        num_threads=threads,
+        num_threads=_threads(num_threads, last - first),
     )
     corpus_map.flush()
     sample_map.flush()
@@ -415,14 +421,9 @@ class BlendedEpochs:
         if corpus_path.exists() and sample_path.exists():
             return
         plan = make_plan(self._sizes, self._weights, self._num_samples, seed=self._seed, epoch=epoch)
-        first, last = _rank_blocks(plan.num_blocks, rank=rank, world_size=self._world_size)
-        lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
-        corpus_part, sample_part = _allocate(hi - lo, plan.sample_dtype)
-        threads = _threads(self._num_threads, last - first)
-        with _prefaulting([corpus_part, sample_part], num_streams=threads):
-            fill_blocks(
-                plan, corpus_part, sample_part, first_block=first, last_block=last, num_threads=threads
-            )
+        corpus_part, sample_part = _build_rank_part(
+            plan, rank=rank, world_size=self._world_size, num_threads=self._num_threads
+        )
         Path(self._cache_dir).mkdir(parents=True, exist_ok=True)
         _save_atomic(sample_path, sample_part)
         _save_atomic(corpus_path, corpus_part)  # last: its presence marks a complete part
@@ -696,7 +697,8 @@ def _prefaulting(arrays: list[np.ndarray], *, num_streams: int) -> Iterator[None
     """Fault fresh output pages in from a helper thread while the block threads compute.
 
     First touch of fresh memory cost 1 to 3 s per GB on our VMs, as much as the computation at
-    1B samples; done here, the faults overlap it (median build 9.9 vs 11.8 s). The thread walks
+    1B samples; done here, the faults overlap it (``benchmarks/blend.py --samples 1B``, three
+    fresh processes each, alternating: median 7.8 vs 9.2 s, noisy). The thread walks
     each of ``num_streams`` equal ranges from its start, as the block threads write them, and
     MADV_POPULATE_WRITE leaves contents alone, so racing the writers is harmless. Where the call
     is unavailable (other OS, old kernel) the writers fault the pages in themselves, as before.
