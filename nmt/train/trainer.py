@@ -45,6 +45,7 @@ from nmt.train.lr import VariableBatchSizeLR, build_scheduler
 from nmt.train.parallel import maybe_no_sync, wrap_data_parallel
 
 logger = logging.getLogger(__name__)
+STOPPED_BY_SIGNAL = "stopped by signal"
 
 # A validation callback (built by the CLI from nmt.eval, which nmt.train must not import):
 # (unwrapped model, device) -> BLEU on the validation set.
@@ -620,7 +621,14 @@ class Trainer:
             reason = self.stop_reason_after_update(stop_signal)
             at_end = update_index == num_updates_in_epoch - 1  # the epoch end validates and saves anyway
             is_best = False
-            if cfg.validate_interval_updates and self.state.num_updates % cfg.validate_interval_updates == 0 and not at_end:
+            interval_validation = (
+                cfg.validate_interval_updates and self.state.num_updates % cfg.validate_interval_updates == 0 and not at_end
+            )
+            # A run that ends here (--max-update, --stop-time-hours) validates its last update, as
+            # fairseq does: checkpoint_best.pt then exists however short the run. A signal stops
+            # without that wait.
+            final_validation = reason is not None and reason != STOPPED_BY_SIGNAL
+            if interval_validation or final_validation:
                 is_best, patience_stop = self.record_validation(self.validate())
                 if patience_stop:
                     reason = reason or f"no improvement in {cfg.patience + 1} validations (--patience {cfg.patience})"
@@ -639,7 +647,7 @@ class Trainer:
         # Every rank must stop at the same update: agree on signals and the clock.
         flags = dist.all_reduce_max(torch.tensor([int(stop_signal.requested), int(out_of_time)], dtype=torch.int64))
         if flags[0]:
-            return "stopped by signal"
+            return STOPPED_BY_SIGNAL
         if flags[1]:
             return f"--stop-time-hours {cfg.stop_time_hours} reached"
         if cfg.max_update and self.state.num_updates >= cfg.max_update:

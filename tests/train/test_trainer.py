@@ -1,3 +1,4 @@
+import json
 import os
 import pickle
 import signal
@@ -151,7 +152,6 @@ def test_eval_bleu_validation_picks_the_best_checkpoint_by_bleu(tiny_data, tmp_p
     result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "4", "--validate-interval-updates", "2",
                                                         "--eval-bleu", "--eval-bleu-beam", "2", "--best-checkpoint-metric", "bleu")])
     assert result.returncode == 0, result.stderr[-3000:]
-    import json
 
     valid = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"kind": "valid"')]
     assert [r["update"] for r in valid][:1] == [2] and all(0.0 <= r["valid_bleu"] <= 100.0 for r in valid)
@@ -217,3 +217,12 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(tiny_data, tmp_path):
     assert updates[restart] in range(8, 14)  # resumed from the last save (every 3 updates)
     for record in seen:
         assert record["loss"] == pytest.approx(expected[record["update"]], rel=1e-6), record["update"]
+
+
+def test_a_run_shorter_than_an_epoch_validates_its_last_update(tiny_data, tmp_path):
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "short", "--max-update", "3")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert parse_log(result.stdout)[-1]["epoch"] == 1  # stopped inside the first epoch
+    valid = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"kind": "valid"')]
+    assert [r["update"] for r in valid] == [3]
+    assert (tmp_path / "short" / "checkpoint_best.pt").exists()
