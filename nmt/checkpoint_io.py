@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from nmt.fileio import atomic_write
+
 FORMAT = "nmt-checkpoint"
 VERSION = 1
 
@@ -33,24 +35,9 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def atomic_torch_save(obj: dict[str, Any], path: str) -> None:
-    """Write to a temporary file, fsync, rename: a kill mid-save never leaves a broken ``path``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp_path = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp_path, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    """``torch.save`` through ``atomic_write``: a kill or a full disk never leaves a broken ``path``."""
+    with atomic_write(path) as handle:
+        torch.save(obj, handle)
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Datasets, batching, curriculum, packing: numpy + sentencepiece; torch only where tensors are made."""
 
 from nmt.data.blend import BlendedCorpus, BlendedEpochs, build_blend_index, build_blend_index_distributed, load_or_build_blend_index, weights_from_temperature
-from nmt.data.corpus import ParallelCorpus, load_manifest
+from nmt.data.corpus import ParallelCorpus
+from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.indexed import IndexedDataset, IndexedWriter
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceModel
 from nmt.data.text import DataError
@@ -27,6 +28,7 @@ __all__ = [
     "IndexedDataset",
     "IndexedWriter",
     "load_manifest",
+    "Manifest",
     "load_or_build_blend_index",
     "MaxTokensBatchSampler",
     "pack",

@@ -44,6 +44,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from nmt.fileio import atomic_write
+
 FORMAT_VERSION = 2
 # Slots per block, at most, unless there are so many corpora that a block must be larger to hold
 # each in proportion. The gathers of the in-block permutation then read from arrays (int32 and
@@ -749,10 +751,8 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as handle:
+    with atomic_write(str(path), tag=f"-{threading.get_ident()}") as handle:
         np.save(handle, array)
-    os.replace(tmp, path)
 
 
 def _load(corpus_path: Path, sample_path: Path) -> tuple[CorpusIds, SampleIds]:

@@ -235,18 +235,18 @@ def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel) -> Spl
     (otherwise the ids would mean other pieces), and where its raw reference text lies."""
     corpus = ParallelCorpus(data_dir, split)
     manifest = corpus.manifest
-    spm_path = os.path.join(data_dir, manifest["spm"]["src_model"])
+    spm_path = manifest.path(manifest.spm.src_model)
     with open(spm_path, "rb") as handle:
         if handle.read() != src_spm.proto:
             raise ValueError(
                 f"{spm_path}: not the checkpoint's source SentencePiece model; this data was encoded for "
                 "another model (translate its raw text with --input instead)"
             )
-    prefix = manifest["splits"][split].get("input_prefix")
+    prefix = corpus.entry.input_prefix
     return Split(
         sources=[np.asarray(corpus.src[i], dtype=np.int64) for i in range(len(corpus))],
         line_numbers=np.asarray(corpus.line_numbers),
-        reference_path=None if prefix is None else resolve_text_file(prefix, manifest["target_lang"]),
+        reference_path=None if prefix is None else resolve_text_file(prefix, manifest.target_lang),
     )
 
 

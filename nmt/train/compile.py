@@ -92,7 +92,7 @@ class CompiledStep:
         except Exception as error:  # the platform cannot compile at all
             raise RuntimeError(f"--compile: torch.compile is not available here ({error}); run without --compile") from None
         step = cls(
-            model=compiled, shapes=shapes, length_multiple=cfg.length_multiple, packed=cfg.layout == "packed",
+            model=compiled, shapes=shapes, length_multiple=cfg.data.batching.length_multiple, packed=cfg.data.batching.layout == "packed",
             frames_after_warmup=0, warmup_seconds=0.0,
         )
         step.warm_up(trainer)

@@ -105,7 +105,7 @@ def read_difficulty(spec: str | None, corpus: ParallelCorpus) -> str | np.ndarra
             raise ValueError(f"{path}:{number}: not a number: {line[:40]!r} (--curriculum)") from None
     if not np.isfinite(scores).all():
         raise ValueError(f"{path}:{int(np.flatnonzero(~np.isfinite(scores))[0]) + 1}: score is not finite (--curriculum)")
-    num_lines = int(corpus.manifest["splits"][corpus.split]["num_lines"])
+    num_lines = corpus.entry.num_lines
     if scores.shape[0] == num_lines:
         return scores[np.asarray(corpus.line_numbers)]
     if scores.shape[0] == len(corpus):
@@ -148,48 +148,48 @@ class Trainer:
         self.cfg = cfg
         self.model_cfg = model_cfg
         self.bleu_validator = bleu_validator
-        self.env = dist.init_distributed("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
-        self.device = resolve_device(cfg.device, local_rank=self.env.local_rank)
+        self.env = dist.init_distributed("cuda" if cfg.run.device != "cpu" and torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(cfg.run.device, local_rank=self.env.local_rank)
         self.is_main = self.env.is_main
-        self.log_here = self.is_main or cfg.log_all_ranks
+        self.log_here = self.is_main or cfg.logging.log_all_ranks
 
-        self.manifest = load_manifest(cfg.data_dir)
+        self.manifest = load_manifest(cfg.data.data_dir)
         self.vocab = self.read_vocab()  # once: every checkpoint carries it
-        self.train_corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
+        self.train_corpora = [ParallelCorpus(cfg.data.data_dir, name, manifest=self.manifest) for name in cfg.data.train_subsets]
         self.valid_data = (
-            ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
-            if cfg.valid_subset in self.manifest["splits"]
+            ParallelCorpus(cfg.data.data_dir, cfg.data.valid_subset, manifest=self.manifest)
+            if cfg.data.valid_subset in self.manifest.splits
             else None
         )
         self.blend = self.make_blend()
         # Padded compiled shapes round every sample; packed ones round the batch total instead.
-        self.length_multiple = cfg.length_multiple if cfg.compile and cfg.layout == "padded" else 1
+        self.length_multiple = cfg.data.batching.length_multiple if cfg.run.compile and cfg.data.batching.layout == "padded" else 1
         # A single corpus is the training set for every epoch; a blend replaces both per epoch.
         self.train_data: ParallelCorpus | BlendedCorpus = self.train_corpora[0]
         self.sampler = self.make_sampler(self.train_data)
         self.tgt_lengths = np.asarray(self.train_data.tgt_lengths, dtype=np.int64)
 
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
         self.model = build_model(model_cfg).to(self.device)
         self.wrapped = wrap_data_parallel(self.model, device=self.device)
         # Fused Adam: one kernel over all parameters instead of ~10 elementwise ops per tensor.
         self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay, fused=True,
+            self.model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.adam_betas), eps=cfg.optim.adam_eps,
+            weight_decay=cfg.optim.weight_decay, fused=True,
         )
         self.scheduler: VariableBatchSizeLR = build_scheduler(
             self.optimizer,
-            name=cfg.lr_scheduler,
-            lr=cfg.lr,
-            warmup_updates=cfg.warmup_updates,
-            warmup_init_lr=cfg.warmup_init_lr,
-            max_update=cfg.max_update,
-            min_lr=cfg.min_lr,
-            scaling=cfg.lr_scaling,
-            scaling_reference=cfg.lr_scaling_reference,
+            name=cfg.optim.lr_scheduler,
+            lr=cfg.optim.lr,
+            warmup_updates=cfg.optim.warmup_updates,
+            warmup_init_lr=cfg.optim.warmup_init_lr,
+            max_update=cfg.run.max_update,
+            min_lr=cfg.optim.min_lr,
+            scaling=cfg.optim.lr_scaling,
+            scaling_reference=cfg.optim.lr_scaling_reference,
         )
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.fp16)
-        self.autocast_dtype = torch.bfloat16 if cfg.bf16 else torch.float16 if cfg.fp16 else None
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.run.fp16)
+        self.autocast_dtype = torch.bfloat16 if cfg.run.bf16 else torch.float16 if cfg.run.fp16 else None
         self.state = TrainState()
         self.compiled: CompiledStep | None = None
         self.writer = None
@@ -198,7 +198,7 @@ class Trainer:
             logger.info(
                 "rank %d/%d on %s | %d training pairs in %s | model %s: %.2fM parameters | attention backend %s",
                 self.env.rank, self.env.world_size, self.device, sum(len(c) for c in self.train_corpora),
-                ",".join(cfg.train_subsets), cfg.arch,
+                ",".join(cfg.data.train_subsets), cfg.run.arch,
                 sum(p.numel() for p in self.model.parameters()) / 1e6, self.model.backend(self.device),
             )
 
@@ -206,18 +206,18 @@ class Trainer:
     def make_blend(self) -> BlendedEpochs | None:
         """Several corpora (or an explicit epoch size): a weighted blend index per epoch."""
         cfg = self.cfg
-        if len(self.train_corpora) == 1 and not cfg.subset_weights and not cfg.epoch_samples:
+        if len(self.train_corpora) == 1 and not cfg.data.subset_weights and not cfg.data.epoch_samples:
             return None
         sizes = [len(corpus) for corpus in self.train_corpora]
-        if cfg.subset_weights:
-            weights = list(cfg.subset_weights)
-        elif cfg.sampling_temperature:
-            weights = list(weights_from_temperature(sizes, cfg.sampling_temperature))
+        if cfg.data.subset_weights:
+            weights = list(cfg.data.subset_weights)
+        elif cfg.data.sampling_temperature:
+            weights = list(weights_from_temperature(sizes, cfg.data.sampling_temperature))
         else:
             weights = [float(size) for size in sizes]
         return BlendedEpochs(
-            sizes, weights, cfg.epoch_samples or sum(sizes), seed=cfg.seed,
-            cache_dir=os.path.join(cfg.save_dir, "blend-cache"),
+            sizes, weights, cfg.data.epoch_samples or sum(sizes), seed=cfg.run.seed,
+            cache_dir=os.path.join(cfg.checkpoint.save_dir, "blend-cache"),
             rank=self.env.rank, world_size=self.env.world_size, barrier=dist.barrier,
         )
 
@@ -226,20 +226,20 @@ class Trainer:
         return MaxTokensBatchSampler(
             dataset.src_lengths,
             dataset.tgt_lengths,
-            cfg.max_tokens,
-            noise=cfg.batch_noise,
-            noise_mode=cfg.noise_mode,
-            seed=cfg.seed,
+            cfg.data.batching.max_tokens,
+            noise=cfg.data.batching.batch_noise,
+            noise_mode=cfg.data.batching.noise_mode,
+            seed=cfg.run.seed,
             num_replicas=self.env.world_size,
             rank=self.env.rank,
-            curriculum=read_difficulty(cfg.curriculum, self.train_corpora[0]),
-            max_sentences=cfg.max_sentences,
+            curriculum=read_difficulty(cfg.data.curriculum, self.train_corpora[0]),
+            max_sentences=cfg.data.batching.max_sentences,
             length_multiple=self.length_multiple,
-            packed=cfg.layout == "packed",
-            curriculum_epochs=cfg.curriculum_epochs,
-            competence_updates=cfg.competence_updates or None,
-            competence_initial=cfg.competence_initial,
-            update_freq=cfg.update_freq,
+            packed=cfg.data.batching.layout == "packed",
+            curriculum_epochs=cfg.data.batching.curriculum_epochs,
+            competence_updates=cfg.data.batching.competence_updates or None,
+            competence_initial=cfg.data.batching.competence_initial,
+            update_freq=cfg.data.batching.update_freq,
         )
 
     def prepare_epoch(self, epoch: int) -> None:
@@ -252,7 +252,7 @@ class Trainer:
         self.tgt_lengths = np.asarray(self.train_data.tgt_lengths, dtype=np.int64)
         samples, tokens = self.train_data.per_corpus_counts()
         per_corpus = {}
-        for name, num_samples, num_tokens in zip(self.cfg.train_subsets, samples, tokens):
+        for name, num_samples, num_tokens in zip(self.cfg.data.train_subsets, samples, tokens):
             per_corpus[f"{name}_samples"] = int(num_samples)
             per_corpus[f"{name}_tokens"] = int(num_tokens)
         self.log_metrics(per_corpus, prefix="blend")
@@ -261,12 +261,12 @@ class Trainer:
     def read_vocab(self) -> dict[str, Any]:
         """What a checkpoint needs to translate raw text on its own: languages, ids, SentencePiece models."""
         vocab: dict[str, Any] = {
-            "source_lang": self.manifest["source_lang"],
-            "target_lang": self.manifest["target_lang"],
-            "special_ids": dict(self.manifest["special_ids"]),
+            "source_lang": self.manifest.source_lang,
+            "target_lang": self.manifest.target_lang,
+            "special_ids": dict(self.manifest.special_ids),
         }
         for side in ("src", "tgt"):
-            with open(os.path.join(self.cfg.data_dir, self.manifest["spm"][f"{side}_model"]), "rb") as handle:
+            with open(self.manifest.path(getattr(self.manifest.spm, f"{side}_model")), "rb") as handle:
                 vocab[f"{side}_spm"] = bytes_to_tensor(handle.read())
         return vocab
 
@@ -291,21 +291,21 @@ class Trainer:
     def save(self, *, end_of_epoch: bool, is_best: bool = False) -> None:
         if self.is_main:
             names = [ckpt.LAST]
-            numbered = (end_of_epoch and not self.cfg.no_epoch_checkpoints) or (
-                not end_of_epoch and self.cfg.save_interval_updates > 0
+            numbered = (end_of_epoch and not self.cfg.checkpoint.no_epoch_checkpoints) or (
+                not end_of_epoch and self.cfg.checkpoint.save_interval_updates > 0
             )
             if numbered:
                 names.insert(0, ckpt.numbered_name(epoch=self.state.epoch, num_updates=self.state.num_updates, end_of_epoch=end_of_epoch))
             if is_best:
                 names.append(ckpt.BEST)
             started = time.perf_counter()
-            ckpt.save(self.checkpoint_state(), self.cfg.save_dir, names)
-            ckpt.rotate(self.cfg.save_dir, keep_last=self.cfg.keep_last)
+            ckpt.save(self.checkpoint_state(), self.cfg.checkpoint.save_dir, names)
+            ckpt.rotate(self.cfg.checkpoint.save_dir, keep_last=self.cfg.checkpoint.keep_last)
             logger.info("saved %s at update %d (%.2fs)", ", ".join(names), self.state.num_updates, time.perf_counter() - started)
         dist.barrier()
 
     def try_resume(self) -> bool:
-        state = ckpt.find_resume_checkpoint(self.cfg.save_dir)
+        state = ckpt.find_resume_checkpoint(self.cfg.checkpoint.save_dir)
         if state is None:
             return False
         self.model.load_state_dict(state["model"])
@@ -323,7 +323,7 @@ class Trainer:
         )
         if self.log_here:
             logger.info("resumed from %s: epoch %d, update %d, batch %d of the epoch",
-                        os.path.join(self.cfg.save_dir, ckpt.LAST), self.state.epoch, self.state.num_updates, self.state.batches_done)
+                        os.path.join(self.cfg.checkpoint.save_dir, ckpt.LAST), self.state.epoch, self.state.num_updates, self.state.batches_done)
         return True
 
     # ----------------------------------------------------------------------------- one update
@@ -336,12 +336,12 @@ class Trainer:
         samples = [self.train_data[int(i)] for i in indices]
         if self.compiled is not None:
             return self.compiled.collate(samples)
-        return collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout=self.cfg.layout)
+        return collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout=self.cfg.data.batching.layout)
 
     def forward_loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss sum, nll sum) over the real target tokens of one micro-batch."""
         extra: dict[str, Any] = {}
-        if self.cfg.layout == "packed":
+        if self.cfg.data.batching.layout == "packed":
             # Built here, eager: a compiled model sees token counts only, never the per-sample sizes.
             masks = packed_masks(
                 self.model.backend(self.device), batch["src_lengths"], batch["tgt_lengths"],
@@ -359,12 +359,12 @@ class Trainer:
             target = batch["target"]
         real = target != PAD_ID  # project only real positions: the 8k-way output is the costliest op
         return linear_label_smoothed_cross_entropy(
-            hidden[real], self.model.output_projection.weight, target[real], epsilon=self.cfg.label_smoothing
+            hidden[real], self.model.output_projection.weight, target[real], epsilon=self.cfg.optim.label_smoothing
         )
 
     def split_microbatches(self, indices: np.ndarray) -> list[np.ndarray]:
         """--max-tokens-per-microbatch: balanced parts under the cap, the count agreed over ranks."""
-        cap = self.cfg.max_tokens_per_microbatch
+        cap = self.cfg.data.batching.max_tokens_per_microbatch
         if cap is None:
             return [indices]
         # Called for dummy (empty) batches too: the count is agreed by a collective inside.
@@ -378,14 +378,14 @@ class Trainer:
         With --max-tokens-per-microbatch the parts are collated in ``run_update`` instead (their
         count is agreed across ranks there), so this yields None.
         """
-        if self.cfg.max_tokens_per_microbatch is not None:
+        if self.cfg.data.batching.max_tokens_per_microbatch is not None:
             return itertools.repeat(None)
         remaining = [rank_batches[i] for i in range(start, len(rank_batches))]
-        if self.cfg.num_workers == 0:
+        if self.cfg.data.num_workers == 0:
             return map(self.make_batch, remaining)
         return iter(
             torch.utils.data.DataLoader(
-                _CollatedBatches(remaining, self.make_batch), batch_size=None, num_workers=self.cfg.num_workers,
+                _CollatedBatches(remaining, self.make_batch), batch_size=None, num_workers=self.cfg.data.num_workers,
                 prefetch_factor=4,
             )
         )
@@ -416,7 +416,7 @@ class Trainer:
         for position, (batch_key, part_index, indices, ready) in enumerate(work):
             dummy = indices.size == 0
             batch = self.to_device(ready if ready is not None else self.make_batch(indices))
-            torch.manual_seed(micro_seed(cfg.seed, self.state.epoch, batch_key, part_index))
+            torch.manual_seed(micro_seed(cfg.run.seed, self.state.epoch, batch_key, part_index))
             with maybe_no_sync(self.wrapped, sync=position == len(work) - 1):
                 loss, nll = self.forward_loss(self.compiled.model if self.compiled else self.wrapped, batch)
                 weight = 0.0 if dummy else scale  # dummy batches keep DDP in step but carry no gradient
@@ -427,16 +427,16 @@ class Trainer:
                 sums += torch.tensor([loss.item(), nll.item(), float(padded), float(real)], dtype=torch.float64)
         dist.all_reduce_sum(sums)
 
-        batch_size = update_sentences if cfg.lr_scaling_by == "sentences" else update_tokens
+        batch_size = update_sentences if cfg.optim.lr_scaling_by == "sentences" else update_tokens
         lr = self.scheduler.step(batch_size)[0]
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if cfg.clip_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm))
+        if cfg.optim.clip_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip_norm))
         else:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
         skipped = False
-        if cfg.fp16:
+        if cfg.run.fp16:
             scale_before = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -450,7 +450,7 @@ class Trainer:
             self.state.skipped_updates += 1
             logger.warning("update %d: non-finite loss or gradient (grad norm %s): update skipped (%d in a row)",
                            self.state.num_updates + 1, grad_norm, self.state.consecutive_nonfinite)
-            if self.state.consecutive_nonfinite >= cfg.max_consecutive_nonfinite:
+            if self.state.consecutive_nonfinite >= cfg.optim.max_consecutive_nonfinite:
                 raise RuntimeError(
                     f"{self.state.consecutive_nonfinite} consecutive updates with a non-finite loss or gradient: "
                     "stopping (lower --lr, raise --warmup-updates, or use --clip-norm)"
@@ -476,16 +476,16 @@ class Trainer:
             return {}
         self.wrapped.eval()
         sampler = MaxTokensBatchSampler(
-            self.valid_data.src_lengths, self.valid_data.tgt_lengths, self.cfg.max_tokens,
+            self.valid_data.src_lengths, self.valid_data.tgt_lengths, self.cfg.data.batching.max_tokens,
             noise=0.0, shuffle=False, num_replicas=self.env.world_size, rank=self.env.rank,
-            packed=self.cfg.layout == "packed",
+            packed=self.cfg.data.batching.layout == "packed",
         )
         sums = torch.zeros(3, dtype=torch.float64)
         for indices in sampler:
             if not indices:
                 continue
             samples = [self.valid_data[i] for i in indices]
-            batch = self.to_device(collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout=self.cfg.layout))
+            batch = self.to_device(collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout=self.cfg.data.batching.layout))
             loss, nll = self.forward_loss(self.model, batch)
             sums += torch.tensor([loss.item(), nll.item(), float((batch["target"] != PAD_ID).sum())], dtype=torch.float64)
         dist.all_reduce_sum(sums)
@@ -502,7 +502,7 @@ class Trainer:
         if not metrics:
             return False, False
         self.log_metrics(metrics, prefix="valid")
-        bleu_metric = self.cfg.best_checkpoint_metric == "bleu"
+        bleu_metric = self.cfg.checkpoint.best_checkpoint_metric == "bleu"
         value = metrics["valid_bleu"] if bleu_metric else metrics["valid_loss"]
         improved = self.state.best is None or (value > self.state.best if bleu_metric else value < self.state.best)
         if improved:
@@ -510,14 +510,14 @@ class Trainer:
             self.state.bad_validations = 0
         else:
             self.state.bad_validations += 1
-        return improved, 0 <= self.cfg.patience < self.state.bad_validations
+        return improved, 0 <= self.cfg.checkpoint.patience < self.state.bad_validations
 
     # ----------------------------------------------------------------------------- logging
     def log_metrics(self, values: dict[str, Any], *, prefix: str) -> None:
         if not self.log_here:
             return
         record = {"update": self.state.num_updates, "epoch": self.state.epoch + 1, **values}
-        if self.cfg.log_format == "json":
+        if self.cfg.logging.log_format == "json":
             print(json.dumps({"kind": prefix, **record}), flush=True)
         else:
             text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
@@ -531,13 +531,13 @@ class Trainer:
     def update_batches(self, global_batches: Batches, rank_batches: Batches, update_index: int) -> tuple[list[tuple[int, np.ndarray]], int, int]:
         """This rank's (batch key, indices) for update ``update_index``, and the update's global token/sentence counts."""
         cfg, world = self.cfg, self.env.world_size
-        per_update = world * cfg.update_freq
+        per_update = world * cfg.data.batching.update_freq
         first, last = update_index * per_update, min((update_index + 1) * per_update, len(global_batches))
         global_indices = np.concatenate([global_batches[g] for g in range(first, last)]) if last > first else np.zeros(0, dtype=np.int64)
         update_tokens = int(self.tgt_lengths[global_indices].sum())
         local = []
-        for u in range(cfg.update_freq):
-            local_index = update_index * cfg.update_freq + u
+        for u in range(cfg.data.batching.update_freq):
+            local_index = update_index * cfg.data.batching.update_freq + u
             if local_index < len(rank_batches):
                 indices = rank_batches[local_index]
                 local.append((int(indices[0]) if indices.size else 0, indices))  # a dummy's seed is moot: zero weight
@@ -546,23 +546,23 @@ class Trainer:
     def train(self) -> TrainState:
         cfg = self.cfg
         self.try_resume()
-        if cfg.compile and cfg.layout == "packed":
-            shapes = [(1, tokens) for tokens in packed_token_buckets(max_tokens=cfg.max_tokens, length_multiple=cfg.length_multiple)]
+        if cfg.run.compile and cfg.data.batching.layout == "packed":
+            shapes = [(1, tokens) for tokens in packed_token_buckets(max_tokens=cfg.data.batching.max_tokens, length_multiple=cfg.data.batching.length_multiple)]
             self.compiled = CompiledStep.build(self, shapes)
-        elif cfg.compile:
+        elif cfg.run.compile:
             self.compiled = CompiledStep.build(self, shape_buckets(
                 np.concatenate([c.src_lengths for c in self.train_corpora]),
                 np.concatenate([c.tgt_lengths for c in self.train_corpora]),
-                max_tokens=cfg.max_tokens, length_multiple=cfg.length_multiple, max_sentences=cfg.max_sentences))
-        if self.is_main and cfg.tensorboard_logdir:
+                max_tokens=cfg.data.batching.max_tokens, length_multiple=cfg.data.batching.length_multiple, max_sentences=cfg.data.batching.max_sentences))
+        if self.is_main and cfg.logging.tensorboard_logdir:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(cfg.tensorboard_logdir)
+            self.writer = SummaryWriter(cfg.logging.tensorboard_logdir)
         stop_reason = None
         with StopSignal() as stop_signal:
             while stop_reason is None:
-                if cfg.max_epoch and self.state.epoch >= cfg.max_epoch:
-                    stop_reason = f"--max-epoch {cfg.max_epoch} reached"
+                if cfg.run.max_epoch and self.state.epoch >= cfg.run.max_epoch:
+                    stop_reason = f"--max-epoch {cfg.run.max_epoch} reached"
                     break
                 stop_reason = self.train_epoch(stop_signal)
                 if stop_reason is None:
@@ -571,7 +571,7 @@ class Trainer:
                     is_best, patience_stop = self.record_validation(self.validate())
                     self.save(end_of_epoch=True, is_best=is_best)
                     if patience_stop:
-                        stop_reason = f"no improvement in {cfg.patience + 1} validations (--patience {cfg.patience})"
+                        stop_reason = f"no improvement in {cfg.checkpoint.patience + 1} validations (--patience {cfg.checkpoint.patience})"
         if self.log_here:
             logger.info("done: %s (%d updates, %.1f min)", stop_reason, self.state.num_updates, (time.perf_counter() - self.started) / 60)
         if self.writer is not None:
@@ -583,36 +583,36 @@ class Trainer:
     def train_epoch(self, stop_signal: StopSignal) -> str | None:
         """Run the rest of the current epoch; a stop reason, or None when the epoch ended."""
         cfg = self.cfg
-        epoch_start_update = self.state.num_updates - self.state.batches_done // cfg.update_freq
+        epoch_start_update = self.state.num_updates - self.state.batches_done // cfg.data.batching.update_freq
         self.prepare_epoch(self.state.epoch)
         self.sampler.set_epoch(self.state.epoch, start_update=epoch_start_update)
         global_batches = self.sampler.global_batches()
         rank_batches = self.sampler.rank_batches()
-        num_updates_in_epoch = -(-len(rank_batches) // cfg.update_freq)
-        first_update = self.state.batches_done // cfg.update_freq
+        num_updates_in_epoch = -(-len(rank_batches) // cfg.data.batching.update_freq)
+        first_update = self.state.batches_done // cfg.data.batching.update_freq
         progress = tqdm(
             total=num_updates_in_epoch, initial=first_update, desc=f"epoch {self.state.epoch + 1}", unit="upd",
             disable=not self.is_main, dynamic_ncols=True, mininterval=2.0, leave=False,
         )
         window = {"tokens": 0, "padded": 0, "real": 0, "time": time.perf_counter()}
-        batches = self.batch_stream(rank_batches, start=first_update * cfg.update_freq)
+        batches = self.batch_stream(rank_batches, start=first_update * cfg.data.batching.update_freq)
         for update_index in range(first_update, num_updates_in_epoch):
             micro, update_tokens, update_sentences = self.update_batches(global_batches, rank_batches, update_index)
             collated = [next(batches) for _ in micro]
             stats = self.run_update(micro, update_tokens=update_tokens, update_sentences=update_sentences, collated=collated)
             self.state.num_updates += 1
-            self.state.batches_done = min((update_index + 1) * cfg.update_freq, len(rank_batches))
+            self.state.batches_done = min((update_index + 1) * cfg.data.batching.update_freq, len(rank_batches))
             progress.update(1)
             window["tokens"] += stats.ntokens
             window["padded"] += stats.padded_tokens
             window["real"] += stats.real_tokens
-            if self.state.num_updates % cfg.log_interval == 0:
+            if self.state.num_updates % cfg.logging.log_interval == 0:
                 elapsed = max(time.perf_counter() - window["time"], 1e-9)
                 values = {
                     "loss": stats.loss, "nll": stats.nll, "ppl": 2 ** stats.nll, "lr": stats.lr,
                     "ntokens": stats.ntokens, "nsentences": stats.nsentences, "wps": window["tokens"] / elapsed,
                     "gnorm": stats.grad_norm, "padding_ratio": 1.0 - window["real"] / max(window["padded"], 1),
-                    "loss_scale": self.scaler.get_scale() if cfg.fp16 else 1.0, "skipped": self.state.skipped_updates,
+                    "loss_scale": self.scaler.get_scale() if cfg.run.fp16 else 1.0, "skipped": self.state.skipped_updates,
                 }
                 self.log_metrics(values, prefix="train")
                 progress.set_postfix(loss=f"{stats.loss:.3f}", wps=f"{values['wps']:.0f}")
@@ -622,7 +622,7 @@ class Trainer:
             at_end = update_index == num_updates_in_epoch - 1  # the epoch end validates and saves anyway
             is_best = False
             interval_validation = (
-                cfg.validate_interval_updates and self.state.num_updates % cfg.validate_interval_updates == 0 and not at_end
+                cfg.checkpoint.validate_interval_updates and self.state.num_updates % cfg.checkpoint.validate_interval_updates == 0 and not at_end
             )
             # A run that ends here (--max-update, --stop-time-hours) validates its last update, as
             # fairseq does: checkpoint_best.pt then exists however short the run. A signal stops
@@ -631,8 +631,8 @@ class Trainer:
             if interval_validation or final_validation:
                 is_best, patience_stop = self.record_validation(self.validate())
                 if patience_stop:
-                    reason = reason or f"no improvement in {cfg.patience + 1} validations (--patience {cfg.patience})"
-            interval_save = cfg.save_interval_updates and self.state.num_updates % cfg.save_interval_updates == 0 and not at_end
+                    reason = reason or f"no improvement in {cfg.checkpoint.patience + 1} validations (--patience {cfg.checkpoint.patience})"
+            interval_save = cfg.checkpoint.save_interval_updates and self.state.num_updates % cfg.checkpoint.save_interval_updates == 0 and not at_end
             if reason or is_best or interval_save:
                 self.save(end_of_epoch=False, is_best=is_best)
             if reason:
@@ -643,15 +643,15 @@ class Trainer:
 
     def stop_reason_after_update(self, stop_signal: StopSignal) -> str | None:
         cfg = self.cfg
-        out_of_time = cfg.stop_time_hours > 0 and time.perf_counter() - self.started > cfg.stop_time_hours * 3600
+        out_of_time = cfg.run.stop_time_hours > 0 and time.perf_counter() - self.started > cfg.run.stop_time_hours * 3600
         # Every rank must stop at the same update: agree on signals and the clock.
         flags = dist.all_reduce_max(torch.tensor([int(stop_signal.requested), int(out_of_time)], dtype=torch.int64))
         if flags[0]:
             return STOPPED_BY_SIGNAL
         if flags[1]:
-            return f"--stop-time-hours {cfg.stop_time_hours} reached"
-        if cfg.max_update and self.state.num_updates >= cfg.max_update:
-            return f"--max-update {cfg.max_update} reached"
+            return f"--stop-time-hours {cfg.run.stop_time_hours} reached"
+        if cfg.run.max_update and self.state.num_updates >= cfg.run.max_update:
+            return f"--max-update {cfg.run.max_update} reached"
         return None
 
 
