@@ -13,7 +13,8 @@ from typing import TextIO
 from nmt.config import EvalConfig
 from nmt.fileio import atomic_write
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
-from nmt.eval.translate import Translation, Translator, iter_line_chunks, last_checkpoints, load_split, read_references
+from nmt.checkpoint_io import last_checkpoints
+from nmt.eval.translate import Translation, Translator, iter_line_chunks, load_split, read_references
 
 
 def build_parser() -> ArgumentParser:

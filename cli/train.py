@@ -20,7 +20,7 @@ from nmt.config import (
     RunConfig,
     TrainConfig,
 )
-from nmt.data import load_manifest
+from nmt.data import Manifest, load_manifest
 from nmt.model import ARCHS
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, config_values, run_main
 
@@ -43,7 +43,8 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def make_configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
+def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainConfig, ModelConfig]:
+    """The run's configs from the command line; vocabulary sizes come from the dataset's manifest."""
     def section(cls: type, prefix: str, **nested: object) -> object:
         return config_from_args(cls, args, dest_prefix=prefix + ".", **nested)
 
@@ -57,7 +58,6 @@ def make_configs(args: argparse.Namespace) -> tuple[TrainConfig, ModelConfig]:
     )
     if train_cfg.run.arch not in ARCHS:
         raise ValueError(f"--arch: must be one of {', '.join(sorted(ARCHS))}, got {train_cfg.run.arch!r}")
-    manifest = load_manifest(train_cfg.data.data_dir)
     model_cfg = ARCHS[train_cfg.run.arch](
         src_vocab_size=manifest.spm.src_vocab_size,
         tgt_vocab_size=manifest.spm.tgt_vocab_size,
@@ -100,21 +100,28 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s | rank {rank} | %(levelname)s | %(name)s | %(message)s",
         stream=sys.stderr,
     )
-    from nmt.train.trainer import Trainer  # after logging is set up: the import is the slow part
+    # After logging is set up: these imports are the slow part.
+    from nmt.train.difficulty import checkpoint_scorer
+    from nmt.train.parallel import session
+    from nmt.train.trainer import Trainer
 
     def run() -> int:
-        train_cfg, model_cfg = make_configs(args)
+        manifest = load_manifest(vars(args)["data.data_dir"])
+        train_cfg, model_cfg = make_configs(args, manifest)
         bleu_validator = None
         if train_cfg.checkpoint.eval_bleu:
             bleu_validator = make_bleu_validator(
                 train_cfg.data.data_dir, train_cfg.data.valid_subset, beam=train_cfg.checkpoint.eval_bleu_beam
             )
-        try:
-            Trainer(train_cfg, model_cfg, bleu_validator=bleu_validator).train()
-        finally:
-            from nmt import dist
-
-            dist.destroy()
+        with session(train_cfg.run.device) as this_process:
+            scorer = None
+            if (train_cfg.data.curriculum or "").startswith("model:"):
+                scorer = checkpoint_scorer(
+                    train_cfg.data.curriculum[len("model:") :], manifest=manifest, device=this_process.device
+                )
+            Trainer(
+                train_cfg, model_cfg, manifest=manifest, session=this_process, bleu_validator=bleu_validator, scorer=scorer
+            ).train()
         return 0
 
     # RuntimeError: non-finite training, collective failures (a peer rank died)
