@@ -52,11 +52,12 @@ logger = logging.getLogger(__name__)
 
 # Scores a list of training pairs (higher: harder); must depend on each pair alone.
 DifficultyScorer = Callable[[Sequence[Sample]], np.ndarray]
-SCORE_CHUNK = 2048  # pairs scored together: chunks are aligned globally, so no score depends on W
+SCORE_CHUNK = 512  # pairs scored together: chunks are aligned globally, so no score depends on W
 
 
 @dataclass
 class MicroBatch:
+    indices: np.ndarray  # samples of the epoch's dataset (sorted within a split batch)
     batch: dict[str, torch.Tensor]  # collated, on the CPU
     seed: int  # dropout seed
     dummy: bool  # keeps ranks in step at an epoch's end, or an empty part of a split: zero weight
@@ -80,6 +81,7 @@ class EpochInfo:
 @dataclass
 class EpochBatches:
     dataset: ParallelCorpus | BlendedCorpus
+    difficulty: np.ndarray | None  # (len(dataset),) per sample of the epoch's dataset
     rank_batches: Batches
     update_tokens: np.ndarray  # (num_updates,) global target tokens per update
     update_sentences: np.ndarray  # (num_updates,)
@@ -288,6 +290,7 @@ class TrainingDataPlan:
         tgt_per_batch = batch_tokens(batches, tgt.astype(np.int64))
         return EpochBatches(
             dataset=dataset,
+            difficulty=difficulty,
             rank_batches=shard(batches, num_replicas=self.world_size, rank=self.rank, sample_tokens=src + tgt),
             update_tokens=segment_sums(tgt_per_batch, group=per_update),
             update_sentences=segment_sums(batches.sizes, group=per_update),
@@ -358,6 +361,7 @@ class TrainingDataPlan:
         make = _BatchMaker(dataset, self)
         return [
             MicroBatch(
+                indices=part,
                 batch=ready if ready is not None else make(part),
                 seed=micro_seed(self.seed, self.epoch, key, part_index),
                 dummy=part.size == 0,
