@@ -64,10 +64,36 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.numpy().tobytes()
 
 
+class _RecordingWriter:
+    """A file that remembers the OSError its ``write`` raised: ``torch.save`` turns it into a
+    RuntimeError without the cause ("enforce fail at inline_container.cc ... unexpected pos")."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 def atomic_torch_save(obj: dict[str, Any], path: str) -> None:
-    """``torch.save`` through ``atomic_write``: a kill or a full disk never leaves a broken ``path``."""
+    """``torch.save`` through ``atomic_write``: a kill or a full disk never leaves a broken ``path``,
+    and a failed write is reported as the OSError it was (ENOSPC: "disk full" and the path)."""
     with atomic_write(path) as handle:
-        torch.save(obj, handle)
+        writer = _RecordingWriter(handle)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:

@@ -28,16 +28,18 @@ def opt(
     cli: bool = True,
     positional: bool = False,
     required: bool = False,
+    const: Any = None,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A config field with what its command-line option needs (help, choices, fairseq aliases).
 
     ``cli=False``: set by the program (e.g. vocabulary sizes from the manifest), never a flag.
-    ``required``: a list option that must be given at least once.
+    ``required``: a list option that must be given at least once. ``const``: the value of the
+    option given without one (fairseq's ``--eval-bleu-remove-bpe`` alone means ``@@ ``).
     """
     metadata = {
         "help": help, "choices": choices, "aliases": aliases, "metavar": metavar, "cli": cli,
-        "positional": positional, "required": required,
+        "positional": positional, "required": required, "const": const,
     }
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
@@ -262,6 +264,9 @@ class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
 
     data_dir: str = opt(help="directory written by nmt-preprocess", positional=True)
+    task: str = opt("translation", "fairseq's task name: translation is the only one", choices=("translation",))
+    source_lang: str | None = opt(None, "checked against the dataset's source language", aliases=("-s",))
+    target_lang: str | None = opt(None, "checked against the dataset's target language", aliases=("-t",))
     train_subsets: tuple[str, ...] = opt(
         ("train",), "training split(s), comma-separated: several are blended by weight", aliases=("--train-subset",)
     )
@@ -322,11 +327,15 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    optimizer: str = opt("adam", "Adam (fairseq's name; the only optimizer)", choices=("adam",))
+    criterion: str = opt(
+        "label_smoothed_cross_entropy", "fairseq's criterion name (the only loss; --label-smoothing 0 for plain cross-entropy)",
+        choices=("label_smoothed_cross_entropy",),
+    )
+    optimizer: str = opt("adam", "Adam with decoupled weight decay (AdamW, as fairseq's adam)", choices=("adam",))
     lr: float = opt(1e-3, "peak learning rate")
     adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2")
     adam_eps: float = opt(1e-8)
-    weight_decay: float = opt(0.0)
+    weight_decay: float = opt(0.0, "decoupled weight decay (AdamW), as fairseq's --weight-decay")
     clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     label_smoothing: float = opt(0.1)
     lr_scheduler: str = opt("inverse_sqrt", choices=("inverse_sqrt", "fixed", "cosine"))
@@ -358,23 +367,75 @@ class CheckpointConfig:
     """Where and when to save, when to validate, which checkpoint is the best."""
 
     save_dir: str = opt("checkpoints", "directory of the checkpoints (a run resumes from its checkpoint_last.pt)")
+    restore_file: str | None = opt(
+        None, "start a new run (no checkpoint_last.pt in --save-dir yet) from this checkpoint; once the run has "
+        "its own checkpoint_last.pt, it resumes from that"
+    )
+    reset_dataloader: bool = opt(False, "on resume, start the data over (epoch 1) and accept other data or batching options")
+    reset_optimizer: bool = opt(False, "on resume, start a fresh optimizer and accept other optimizer options")
+    reset_lr_scheduler: bool = opt(False, "on resume, start the learning-rate schedule with the new options at the current update")
+    reset_meters: bool = opt(False, "on resume, forget the best validation score and the patience count")
+    save_interval: int = opt(1, "save a numbered checkpoint every N epochs")
     save_interval_updates: int = opt(0, "also save a numbered checkpoint every N updates (0: off)")
     no_epoch_checkpoints: bool = opt(False, "no numbered checkpoint at the end of each epoch")
-    keep_last: int = opt(-1, "numbered checkpoints to keep (-1: all)")
+    keep_last: int = opt(-1, "numbered checkpoints to keep, of either kind (-1: all)")
+    keep_last_epochs: int = opt(-1, "epoch checkpoints (checkpointN.pt) to keep (-1: all)")
+    keep_interval_updates: int = opt(-1, "update checkpoints (checkpoint_E_U.pt) to keep (-1: all)")
+    validate_interval: int = opt(1, "validate every N epochs")
     validate_interval_updates: int = opt(0, "also validate every N updates (0: at epoch ends only)")
     eval_bleu: bool = opt(False, "decode the validation set and report sacreBLEU")
     eval_bleu_beam: int = opt(1, "beam size of --eval-bleu")
-    best_checkpoint_metric: str = opt("loss", "what checkpoint_best.pt is best at", choices=("loss", "bleu"))
+    eval_bleu_args: str | None = opt(
+        None, "fairseq's JSON of search options for --eval-bleu, e.g. '{\"beam\": 5, \"lenpen\": 1.0}' (beam overrides --eval-bleu-beam)"
+    )
+    eval_bleu_detok: str | None = opt(
+        None, "fairseq's detokenizer choice: accepted; hypotheses are always SentencePiece-detokenized raw text",
+        choices=("space", "moses"),
+    )
+    eval_bleu_remove_bpe: str | None = opt(
+        None, "fairseq's BPE removal: accepted; SentencePiece pieces are always joined", const="@@ ",
+    )
+    eval_bleu_print_samples: bool = opt(False, "log a few validation hypotheses with their references")
+    best_checkpoint_metric: str = opt("loss", "what checkpoint_best.pt is best at (loss: lowest; bleu: highest)", choices=("loss", "bleu"))
+    maximize_best_checkpoint_metric: bool = opt(False, "fairseq's flag for bleu: accepted (bleu is maximized, loss minimized)")
     patience: int = opt(-1, "stop after this many validations without improvement (-1: never)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(bool(self.save_dir), "save_dir", "must not be empty")
+        for name in ("save_interval", "validate_interval"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1 (epochs)")
         for name in ("save_interval_updates", "validate_interval_updates"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")
-        _require(self.keep_last == -1 or self.keep_last >= 1, "keep_last", "must be -1 (keep all) or >= 1")
+        for name in ("keep_last", "keep_last_epochs", "keep_interval_updates"):
+            _require(getattr(self, name) == -1 or getattr(self, name) >= 1, name, "must be -1 (keep all) or >= 1")
+        _require(
+            not self.maximize_best_checkpoint_metric or self.best_checkpoint_metric == "bleu",
+            "maximize_best_checkpoint_metric",
+            "the loss is minimized; use --best-checkpoint-metric bleu",
+        )
         _require(self.eval_bleu_beam >= 1, "eval_bleu_beam", "must be >= 1")
+        self.search_options()  # checks --eval-bleu-args once
         _require(self.best_checkpoint_metric != "bleu" or self.eval_bleu, "best_checkpoint_metric", "bleu needs --eval-bleu")
+
+
+    def search_options(self) -> dict[str, Any]:
+        """The EvalConfig fields --eval-bleu decodes with."""
+        import json
+
+        options: dict[str, Any] = {"beam": self.eval_bleu_beam}
+        if self.eval_bleu_args:
+            try:
+                given = json.loads(self.eval_bleu_args)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"--eval-bleu-args: not JSON ({error.msg}): {self.eval_bleu_args!r}") from None
+            known = {f.name for f in dataclasses.fields(EvalConfig)}
+            if not isinstance(given, dict) or not set(given) <= known:
+                unknown = sorted(set(given) - known) if isinstance(given, dict) else given
+                raise ValueError(f"--eval-bleu-args: unknown search options {unknown} (known: {', '.join(sorted(known))})")
+            options.update(given)
+        EvalConfig(**options)  # its own checks, naming the option
+        return options
 
 
 @dataclass
@@ -382,7 +443,9 @@ class LoggingConfig:
     tensorboard_logdir: str | None = opt(None, "write TensorBoard scalars here")
     log_interval: int = opt(10, "log training statistics every N updates")
     log_format: str = opt("simple", "simple, or json (one object per line on stdout)", choices=("simple", "json"))
+    log_file: str | None = opt(None, "also append the log lines to this file")
     log_all_ranks: bool = opt(False, "log from every rank, not only rank 0")
+    no_progress_bar: bool = opt(False, "no progress bar (the log lines stay)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -395,6 +458,7 @@ class RunConfig:
 
     arch: str = opt("transformer_tiny", "model preset; model flags override it one by one")
     device: str = opt("auto", "auto: CUDA when available", choices=("auto", "cpu", "cuda"))
+    cpu: bool = opt(False, "fairseq's spelling of --device cpu")
     bf16: bool = opt(False, "bfloat16 autocast")
     fp16: bool = opt(False, "float16 autocast with loss scaling (overflows skip the update)")
     compile: bool = opt(False, "torch.compile with static (bucketed) shapes, all compiled at start-up")
@@ -405,6 +469,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        if self.cpu:
+            _require(self.device in ("auto", "cpu"), "cpu", f"contradicts --device {self.device}")
+            self.device = "cpu"
         _require(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
         for name in ("max_update", "max_epoch"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")

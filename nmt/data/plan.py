@@ -132,6 +132,12 @@ class TrainingDataPlan:
         self.rank, self.world_size = rank, world_size
         self.max_positions = max_positions
         self.manifest = load_manifest(cfg.data_dir) if manifest is None else manifest
+        for option, asked, has in (("--source-lang", cfg.source_lang, self.manifest.source_lang),
+                                   ("--target-lang", cfg.target_lang, self.manifest.target_lang)):
+            if asked is not None and asked != has:
+                raise ValueError(
+                    f"{option} {asked}: {cfg.data_dir} holds {self.manifest.source_lang}-{self.manifest.target_lang} data"
+                )
         self.corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
         self.valid = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
