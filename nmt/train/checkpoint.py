@@ -6,7 +6,6 @@ decides what a training checkpoint holds and when old ones go.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -39,7 +38,7 @@ EPOCH_CHECKPOINT = re.compile(r"checkpoint\d+\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_\d+\.pt")
 from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
 from nmt.data.manifest import Manifest
-from nmt.fileio import remove_stale_temporaries, temporary_sibling
+from nmt.fileio import DirectoryLock, remove_stale_temporaries, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +147,48 @@ def identity_differences(saved: dict[str, dict[str, Any]], current: dict[str, di
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
+
+
+def check_identity(path: str, saved: dict[str, Any] | None, current: dict[str, Any], cfg: CheckpointConfig) -> None:
+    """ValueError listing, one line per item, what differs between ``path``'s run and this one and
+    no --reset-* flag of ``cfg`` accepts."""
+    if saved is None:
+        logger.warning("%s records no run identity (an older checkpoint): options not checked", path)
+        return
+    accepted = {
+        "--reset-dataloader": cfg.reset_dataloader,
+        "--reset-optimizer": cfg.reset_optimizer,
+        "--reset-lr-scheduler": cfg.reset_lr_scheduler,
+    }
+    refused = []
+    for group, lines in identity_differences(saved, current).items():
+        flag = IDENTITY_RESETS[group]
+        if flag is not None and accepted[flag]:
+            logger.info("%s: %s accepts the changed %s (%s)", path, flag, group, "; ".join(lines))
+            continue
+        advice = f"pass {flag} to accept it" if flag else "it cannot change under the same weights"
+        refused += [f"  {group}: {line} ({advice})" for line in lines]
+    if refused:
+        raise ValueError(
+            f"{path}: cannot resume: the checkpoint's run differs from this one:\n" + "\n".join(refused)
+            + "\nuse the checkpoint's options, a new --save-dir, or the --reset-* flag named"
+        )
+
+
+def lock_save_dir(save_dir: str, *, is_main: bool) -> DirectoryLock | None:
+    """One run per --save-dir: rank 0 holds the lock for the whole run; every rank stops if it
+    cannot have it."""
+    lock = DirectoryLock(save_dir, purpose="nmt-train run") if is_main else None
+    problem = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except (ValueError, OSError) as error:
+            problem = str(error)
+    problem = dist.broadcast_object(problem)
+    if problem is not None:
+        raise ValueError(f"--save-dir {problem}")
+    return lock
 
 
 def provenance() -> dict[str, Any]:

@@ -22,14 +22,14 @@ from tqdm import tqdm
 from nmt import dist
 from nmt.config import ModelConfig, TrainConfig, to_dict
 from nmt.data.manifest import Manifest
-from nmt.data.plan import DifficultyScorer, TrainingDataPlan
+from nmt.data.difficulty import DifficultyScorer
+from nmt.data.plan import TrainingDataPlan
 from nmt.model import build_model
 from nmt.checkpoint_io import BEST, LAST
-from nmt.fileio import DirectoryLock
 from nmt.train.checkpoint import (
-    IDENTITY_RESETS,
     Checkpointer,
-    identity_differences,
+    check_identity,
+    lock_save_dir,
     provenance,
     read_vocab,
     rng_state,
@@ -95,7 +95,7 @@ class Trainer:
         self.session = session or Session(device=resolve_device(cfg.run.device, local_rank=0))
         self.bleu_validator = bleu_validator
         device = self.session.device
-        self.lock = self.lock_save_dir()
+        self.lock = lock_save_dir(cfg.checkpoint.save_dir, is_main=self.session.is_main)
         self.plan = TrainingDataPlan(
             cfg.data, seed=cfg.run.seed, rank=self.session.rank, world_size=self.session.world_size,
             static_shapes=cfg.run.compile, max_positions=(model_cfg.max_source_positions, model_cfg.max_target_positions),
@@ -128,21 +128,6 @@ class Trainer:
                 ",".join(cfg.data.train_subsets), cfg.run.arch,
                 sum(p.numel() for p in self.model.parameters()) / 1e6, self.model.backend(device),
             )
-
-    def lock_save_dir(self) -> DirectoryLock | None:
-        """One run per --save-dir: rank 0 holds the lock for the whole run; every rank stops if it
-        cannot have it."""
-        lock = DirectoryLock(self.cfg.checkpoint.save_dir, purpose="nmt-train run") if self.session.is_main else None
-        problem = None
-        if lock is not None:
-            try:
-                lock.acquire()
-            except (ValueError, OSError) as error:
-                problem = str(error)
-        problem = dist.broadcast_object(problem)
-        if problem is not None:
-            raise ValueError(f"--save-dir {problem}")
-        return lock
 
     def close(self) -> None:
         self.metrics.close()
@@ -307,7 +292,7 @@ class Trainer:
             return False
         path, state = found
         resets = self.cfg.checkpoint
-        self.check_identity(path, state.get("run_identity"))
+        check_identity(path, state.get("run_identity"), self.identity, resets)
         self.model.load_state_dict(state["model"])
         self.step.load_state_dict(
             state, optimizer=not resets.reset_optimizer, lr_scheduler=not resets.reset_lr_scheduler,
@@ -326,26 +311,3 @@ class Trainer:
             logger.info("resumed from %s: epoch %d, update %d, update %d of the epoch",
                         path, self.plan.epoch + 1, self.state.num_updates, self.plan.updates_done)
         return True
-
-    def check_identity(self, path: str, saved: dict[str, Any] | None) -> None:
-        if saved is None:
-            logger.warning("%s records no run identity (an older checkpoint): options not checked", path)
-            return
-        reset_flags = {
-            "--reset-dataloader": self.cfg.checkpoint.reset_dataloader,
-            "--reset-optimizer": self.cfg.checkpoint.reset_optimizer,
-            "--reset-lr-scheduler": self.cfg.checkpoint.reset_lr_scheduler,
-        }
-        refused = []
-        for group, lines in identity_differences(saved, self.identity).items():
-            flag = IDENTITY_RESETS[group]
-            if flag is not None and reset_flags[flag]:
-                logger.info("%s: %s accepts the changed %s (%s)", path, flag, group, "; ".join(lines))
-                continue
-            advice = f"pass {flag} to accept it" if flag else "it cannot change under the same weights"
-            refused += [f"  {group}: {line} ({advice})" for line in lines]
-        if refused:
-            raise ValueError(
-                f"{path}: cannot resume: the checkpoint's run differs from this one:\n" + "\n".join(refused)
-                + f"\nuse the checkpoint's options, a new --save-dir, or the --reset-* flag named"
-            )
