@@ -43,14 +43,20 @@ def test_fairseq_iwslt_command_line_runs_with_only_the_data_changed(tiny_data, t
     assert "example hypothesis:" in log_file.read_text()
 
 
-def test_fairseq_values_we_do_not_have_are_one_line_errors(tiny_data, tmp_path):
+def test_fairseq_values_we_do_not_have_are_one_line_errors(tiny_data, tmp_path, capsys):
+    from nmt.data import load_manifest
+    from nmt_cli.train import build_parser, make_configs
+
     for flag, value in (("--criterion", "cross_entropy"), ("--task", "language_modeling"), ("--optimizer", "sgd")):
-        result = run_subprocess([tiny_data, "--save-dir", str(tmp_path / "ck"), flag, value])
-        assert result.returncode == 2 and f"argument {flag}: invalid choice: '{value}'" in result.stderr
-    result = run_subprocess([tiny_data, "--save-dir", str(tmp_path / "ck"), "--eval-bleu-args", '{"beem": 5}'])
-    assert result.returncode == 1 and "--eval-bleu-args: unknown search options ['beem']" in result.stderr
-    result = run_subprocess([tiny_data, "--save-dir", str(tmp_path / "ck"), "--arch", "lstm"])
-    assert result.returncode == 1 and "--arch: must be one of" in result.stderr and "transformer_iwslt_de_en" in result.stderr
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([tiny_data, flag, value])
+        assert exit_info.value.code == 2 and f"argument {flag}: invalid choice: '{value}'" in capsys.readouterr().err
+    manifest = load_manifest(tiny_data)
+    for extra, message in ((["--eval-bleu-args", '{"beem": 5}'], "--eval-bleu-args: unknown search options ['beem']"),
+                           (["--arch", "lstm"], "--arch: must be one of")):
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as error:
+            make_configs(build_parser().parse_args([tiny_data, *extra]), manifest)
+        assert "\n" not in str(error.value)
 
 
 def test_weight_decay_is_decoupled_as_in_fairseq(tiny_data, tmp_path):
