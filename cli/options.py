@@ -5,7 +5,7 @@ A field ``max_tokens`` of a section stored under ``data.batching`` becomes ``--m
 ``dest="data.batching.max_tokens"``; ``config_from_args`` rebuilds the nested dataclasses from the
 namespace. Types map to argparse as: bool -> a flag (``store_true``); ``tuple[float, float]`` -> two
 values; ``tuple[X, ...]`` -> one comma-separated value; ``list[str]`` -> comma-separated and
-repeatable; ``X | None`` -> X with default None.
+repeatable; ``X | None`` -> X with default None; a positional field with a default is optional.
 """
 
 from __future__ import annotations
@@ -101,10 +101,12 @@ def add_config_arguments(
             kwargs["type"] = kind
             if meta.get("choices"):
                 kwargs.update(choices=meta["choices"], metavar="{" + ",".join(map(str, meta["choices"])) + "}")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
         if meta.get("positional"):
+            if not required:
+                kwargs.update(nargs="?", default=f.default)
             parser.add_argument(dest_prefix + f.name, **kwargs)
             continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
         if only_when_given:
             kwargs["default"] = argparse.SUPPRESS
         elif origin is list:
