@@ -547,3 +547,21 @@ class EvalIOConfig:
         if self.results_path is not None:
             return os.path.join(self.results_path, f"generate-{self.split}.txt")
         return self.output
+
+
+@dataclass
+class PlotConfig:
+    """nmt-plot: training curves from a run's log as a picture."""
+
+    log: str = opt(
+        help="nmt-train's --log-format json output (one JSON object per line; other lines are skipped), "
+        "or a --tensorboard-logdir directory (or one event file)",
+        positional=True,
+        metavar="LOGDIR_OR_JSONLOG",
+    )
+    output: str = opt("curves.png", "the picture to write (PNG, or any format matplotlib knows by the suffix)", aliases=("-o",))
+    title: str | None = opt(None, "figure title (default: the log's path)")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.log), "log", "must not be empty")
+        _require(bool(self.output), "output", "must not be empty")

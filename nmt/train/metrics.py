@@ -22,7 +22,10 @@ class MetricsLog:
         self.enabled = enabled
         self.writer = None
         if tensorboard and cfg.tensorboard_logdir:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+            except ImportError:  # an optional dependency (the tensorboard extra)
+                raise ValueError("--tensorboard-logdir: the tensorboard package is not installed (pip install 'nmt[tensorboard]')") from None
 
             self.writer = SummaryWriter(cfg.tensorboard_logdir)
         self._window = _Window()
@@ -33,7 +36,7 @@ class MetricsLog:
             return
         record = {"update": update, "epoch": epoch, **values}
         if self.cfg.log_format == "json":
-            print(json.dumps({"kind": prefix, **record}), flush=True)
+            print(json.dumps({"kind": prefix, **record, "time": round(time.time(), 3)}), flush=True)  # wall clock, Unix seconds (nmt-plot)
         else:
             text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
             logger.info("%s | %s", prefix, text)
