@@ -136,7 +136,7 @@ def _open_output(path: str | None) -> Iterator[TextIO]:
 def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     translator = load_translator(io, cfg)
     job = _open_job(io, cfg, translator)
-    fairseq_lines = FairseqLines(translator.src_spm, translator.tgt_spm) if io.format == "fairseq" else None
+    fairseq_lines = FairseqLines(translator.src_spm, translator.tgt_spm, post_process=io.post_process is not None) if io.format == "fairseq" else None
     if fairseq_lines is not None:
         logging.getLogger("nmt.eval").info("hypothesis and token scores are output in base 2")
     best: list[str] = []

@@ -498,6 +498,13 @@ class EvalIOConfig:
         "plain: the translations; fairseq: fairseq-generate's S-/T-/H-/D-/P- lines for every n-best (scores in base 2)",
         choices=EVAL_OUTPUT_FORMATS,
     )
+    post_process: str | None = opt(
+        None,
+        "sentencepiece: S-/T-/H- lines of --format fairseq show text instead of pieces (fairseq's option; "
+        "plain output and D- lines are always text)",
+        choices=("sentencepiece",),
+        aliases=("--remove-bpe",),
+    )
     print_alignment: bool = opt(False, "A- lines (--format fairseq): each target token's most attended source token, from the last decoder layer's cross-attention")
     score_reference: bool = opt(False, "score the reference by forced decoding instead of translating (plain: one score per line, base 2)")
     quiet: bool = opt(False, "print no translations, only the scores")

@@ -225,3 +225,11 @@ def test_each_line_is_translated_before_the_next_is_read(tiny) -> None:
         watchdog.cancel()
         process.kill()
     assert translations == [text + "\n" for text in expected]
+
+
+def test_post_process_sentencepiece_shows_text_in_every_line(tiny, capsys) -> None:
+    code, out, err = run([tiny.data_dir, "--path", tiny.checkpoint, "--format", "fairseq", "--remove-bpe", "sentencepiece"], capsys=capsys)
+    assert code == 0, err
+    tagged = {tag: [line.split("\t")[-1] for line in out.split("\n") if line.startswith(tag + "-")] for tag in "STHD"}
+    assert tagged["S"] == tiny.test_src and tagged["T"] == tiny.test_tgt
+    assert tagged["H"] == tagged["D"] == Translator.from_checkpoint(tiny.checkpoint).translate(tiny.test_src)
