@@ -17,6 +17,7 @@ from nmt.checkpoint_io import last_checkpoints
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.eval.output import FairseqLines, base2, plain_lines
 from nmt.eval.translate import (
+    Translation,
     Translator,
     count_lines,
     decode_dtype,
@@ -133,6 +134,20 @@ def _open_output(path: str | None) -> Iterator[TextIO]:
         yield handle
 
 
+def _decode(
+    translator: Translator, io: EvalIOConfig, chunk: Chunk, references: list[str] | None, *, progress: bool
+) -> list[list[Translation]]:
+    """The chunk's n-best translations (with per-token scores for --format fairseq), or with
+    --score-reference its references scored by forced decoding."""
+    if io.score_reference:
+        assert references is not None
+        return [[t] for t in translator.score_references(chunk.sources, references, alignment=io.print_alignment)]
+    results = translator.detokenize(translator.generate(chunk.sources, progress=progress))
+    if io.format == "fairseq":
+        translator.add_token_scores(chunk.sources, results, alignment=io.print_alignment)
+    return results
+
+
 def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     translator = load_translator(io, cfg)
     job = _open_job(io, cfg, translator)
@@ -146,13 +161,7 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     with _open_output(io.output_path) as out:
         for chunk in job.chunks:
             references = None if job.references is None else job.references[chunk.start : chunk.start + len(chunk.sources)]
-            if io.score_reference:
-                assert references is not None
-                results = [[t] for t in translator.score_references(chunk.sources, references, alignment=io.print_alignment)]
-            else:
-                results = translator.detokenize(translator.generate(chunk.sources, progress=not job.interactive))
-                if fairseq_lines is not None:
-                    translator.add_token_scores(chunk.sources, results, alignment=io.print_alignment)
+            results = _decode(translator, io, chunk, references, progress=not job.interactive)
             for offset, nbest in enumerate(results):
                 if not io.quiet:
                     if fairseq_lines is not None:

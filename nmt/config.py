@@ -516,7 +516,7 @@ class EvalIOConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _require(bool(self.path), "path", "must not be empty")
+        _require(bool(self.checkpoint_paths), "path", "names no checkpoint")
         _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _require(not self.cpu or self.device in ("auto", "cpu"), "cpu", f"cannot be combined with --device {self.device}")
         if self.cpu:

@@ -156,8 +156,13 @@ class Translator:
         dtype: torch.dtype | None = None,
     ) -> Translator:
         """One checkpoint, or several: an ensemble (fairseq's ``--path a.pt:b.pt``), or with
-        ``average`` one model with their weights averaged. ``dtype``: e.g. float16 weights on CUDA."""
+        ``average`` one model with their weights averaged. ``device``: also "auto" (CUDA when
+        available). ``dtype``: e.g. float16 weights on CUDA."""
         paths = [path] if isinstance(path, str) else list(path)
+        if not paths:
+            raise ValueError("--path: no checkpoint given")
+        if isinstance(device, str):
+            device = resolve_device(device)
         if average or len(paths) == 1:
             named_states = [(paths[0], load_averaged_checkpoint(paths))]
         else:

@@ -202,28 +202,42 @@ def test_stdin_with_a_shorter_reference_fails_without_a_score(tiny, tmp_path, ca
     assert code == 1 and "the reference has 2 lines but <stdin> has more" in err and "BLEU" not in out + err
 
 
-def test_each_line_is_translated_before_the_next_is_read(tiny) -> None:
-    """--buffer-size 1 on a pipe: the first translation comes back while stdin is still open."""
+@pytest.mark.parametrize("stdin", ["pipe, --buffer-size 1", "terminal"])
+def test_each_line_is_translated_before_the_next_is_read(tiny, stdin) -> None:
+    """The first translation comes back while stdin is still open: on a pipe with --buffer-size 1,
+    and by default when stdin is a terminal (a pseudo-terminal here)."""
     lines = ["dog", "the red ball"]
     expected = Translator.from_checkpoint(tiny.checkpoint).translate(lines)
+    command = [sys.executable, "-m", "nmt_cli.eval", "--path", tiny.checkpoint]
+    if stdin == "terminal":
+        terminal, process_stdin = os.openpty()
+        write = lambda text: os.write(terminal, text.encode())  # noqa: E731
+        end_of_input = lambda: os.write(terminal, b"\x04")  # noqa: E731  (Ctrl-D at a line start)
+    else:
+        command += ["--buffer-size", "1"]
+        process_stdin = subprocess.PIPE
     process = subprocess.Popen(
-        [sys.executable, "-m", "nmt_cli.eval", "--path", tiny.checkpoint, "--buffer-size", "1"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        command, stdin=process_stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    watchdog = threading.Timer(120, process.kill)
+    if stdin != "terminal":
+        write = lambda text: (process.stdin.write(text), process.stdin.flush())  # noqa: E731
+        end_of_input = process.stdin.close
+    watchdog = threading.Timer(120, process.kill)  # a CLI that waits for more input fails, never hangs
     watchdog.start()
     try:
         translations = []
         for line in lines:
-            process.stdin.write(line + "\n")
-            process.stdin.flush()
+            write(line + "\n")
             translations.append(process.stdout.readline())
-        process.stdin.close()
+        end_of_input()
         assert process.wait() == 0
     finally:
         watchdog.cancel()
         process.kill()
+        if stdin == "terminal":
+            os.close(terminal)
+            os.close(process_stdin)
     assert translations == [text + "\n" for text in expected]
 
 
