@@ -75,8 +75,10 @@ def test_nmt_plot_writes_a_png(training_run, tmp_path, which) -> None:
     assert png_size(output) == (1200, 900)  # 3 rows (loss, BLEU, lr) x 2 columns (updates, minutes), 6x3 in at 100 dpi
     from matplotlib.image import imread
 
-    pixels = imread(str(output))
-    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50  # axes, lines and text: not a blank image
+    rgb = np.round(imread(str(output))[..., :3] * 255).astype(np.uint8)  # (H, W, 3)
+    # The curves are drawn: pixels of matplotlib's first two line colours (train loss, valid loss).
+    for colour in ((31, 119, 180), (255, 127, 14)):
+        assert (rgb == colour).all(axis=-1).sum() > 100, colour
 
 
 def test_bad_logs_are_one_line_errors(tmp_path, capsys) -> None:
