@@ -4,8 +4,9 @@ once, on its config field (``nmt.config.opt``), and the parser is built from it.
 A field ``max_tokens`` of a section stored under ``data.batching`` becomes ``--max-tokens`` with
 ``dest="data.batching.max_tokens"``; ``config_from_args`` rebuilds the nested dataclasses from the
 namespace. Types map to argparse as: bool -> a flag (``store_true``); ``tuple[float, float]`` -> two
-values (or fairseq's ``'(0.9, 0.98)'``); ``tuple[X, ...]`` -> one comma-separated value; ``list[str]`` -> comma-separated and
-repeatable; ``X | None`` -> X with default None.
+values (or fairseq's ``'(0.9, 0.98)'``); ``tuple[X, ...]`` -> one comma-separated value; ``list[str]``
+-> comma-separated and repeatable; ``X | None`` -> X with default None; a positional field with a
+default is optional.
 """
 
 from __future__ import annotations
@@ -130,10 +131,12 @@ def add_config_arguments(
                 kwargs.update(choices=meta["choices"], metavar="{" + ",".join(map(str, meta["choices"])) + "}")
             if meta.get("const") is not None:
                 kwargs.update(nargs="?", const=meta["const"])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
         if meta.get("positional"):
+            if not required:
+                kwargs.update(nargs="?", default=f.default)
             parser.add_argument(dest_prefix + f.name, **kwargs)
             continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
         if only_when_given:
             kwargs["default"] = argparse.SUPPRESS
         elif origin is list:

@@ -11,6 +11,8 @@ because that is what the user typed and what they have to change.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -506,12 +508,16 @@ class EvalConfig:
     no_repeat_ngram_size: int = opt(0, "never repeat an n-gram of this size (0: off)")
     sampling: bool = opt(False, "sample instead of beam search")
     temperature: float = opt(1.0, "sampling temperature")
-    topk: int = opt(0, "sample from the k most likely tokens (0: all)")
-    topp: float = opt(1.0, "sample from the smallest set with probability >= p")
+    topk: int = opt(0, "sample from the k most likely tokens (0: all)", aliases=("--sampling-topk",))
+    topp: float = opt(1.0, "sample from the smallest set with probability >= p", aliases=("--sampling-topp",))
     seed: int = opt(1, "sampling seed")
-    batch_size: int | None = opt(None, "sentences per batch (default 64 unless --max-tokens is given)")
+    batch_size: int | None = opt(None, "sentences per batch (default 64 unless --max-tokens is given)", aliases=("--max-sentences",))
     max_tokens: int | None = opt(None, "source tokens per batch, padding included")
-    buffer_size: int = opt(4096, "raw-text lines read, translated and written at a time")
+    buffer_size: int | None = opt(
+        None,
+        "raw-text lines read, translated and written at a time (default: 4096, or 1 when stdin is a "
+        "terminal: with 1, each line's translation is printed as soon as it is ready)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -531,4 +537,105 @@ class EvalConfig:
                 _require(getattr(self, name) == default, name, "only applies with --sampling")
         _require(self.batch_size is None or self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
         _require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
-        _require(self.buffer_size >= 1, "buffer_size", f"must be >= 1, got {self.buffer_size}")
+        _require(self.buffer_size is None or self.buffer_size >= 1, "buffer_size", f"must be >= 1, got {self.buffer_size}")
+
+
+EVAL_OUTPUT_FORMATS = ("plain", "fairseq")
+
+
+@dataclass
+class EvalIOConfig:
+    """What nmt-eval reads, where it decodes and what it writes (fairseq-generate's names as aliases)."""
+
+    path: str = opt(
+        help="checkpoint file; a.pt:b.pt:c.pt ensembles them (the mean of their probabilities at every "
+        "step, as fairseq-generate does; one vocabulary); with --average one model of their averaged "
+        "weights; with --average-last N a save dir. A comma is part of a file name, never a separator",
+    )
+    data_dir: str | None = opt(None, "a directory written by nmt-preprocess", positional=True, metavar="DATA_DIR")
+    average: bool = opt(False, "average the weights of the --path checkpoints into one model instead of ensembling them")
+    average_last: int | None = opt(None, "average the N newest numbered checkpoints in the save dir --path", metavar="N")
+    split: str = opt("test", "split of DATA_DIR to translate", aliases=("--gen-subset",))
+    input: str | None = opt(None, "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)")
+    reference: str | None = opt(None, "raw reference text to score against (overrides the split's own); as many lines as the source")
+    output: str | None = opt(None, "write the output here (in input order; --nbest N: N lines per input line in plain format)")
+    results_path: str | None = opt(None, "write the output to DIR/generate-SPLIT.txt (fairseq-generate's option)", metavar="DIR")
+    format: str = opt(
+        "plain",
+        "plain: the translations; fairseq: fairseq-generate's S-/T-/H-/D-/P- lines for every n-best (scores in base 2)",
+        choices=EVAL_OUTPUT_FORMATS,
+    )
+    post_process: str | None = opt(
+        None,
+        "sentencepiece: S-/T-/H- lines of --format fairseq show text instead of pieces (fairseq's option; "
+        "plain output and D- lines are always text)",
+        choices=("sentencepiece",),
+        aliases=("--remove-bpe",),
+    )
+    print_alignment: bool = opt(False, "A- lines (--format fairseq): each target token's most attended source token, from the last decoder layer's cross-attention")
+    score_reference: bool = opt(False, "score the reference by forced decoding instead of translating (plain: one score per line, base 2)")
+    quiet: bool = opt(False, "print no translations, only the scores")
+    score_tokenized_lowercase: bool = opt(False, "also report BLEU on lowercased, tokenized text (as many Multi30k papers do)")
+    device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
+    cpu: bool = opt(False, "decode on the CPU (fairseq's flag; same as --device cpu)")
+    fp16: bool = opt(False, "float16 weights on CUDA; on the CPU a warning, and float32 (half precision is slower there)")
+    bf16: bool = opt(False, "bfloat16 weights on CUDA; on the CPU a warning, and float32")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _require(bool(self.checkpoint_paths), "path", "names no checkpoint")
+        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _require(not self.cpu or self.device in ("auto", "cpu"), "cpu", f"cannot be combined with --device {self.device}")
+        if self.cpu:
+            self.device = "cpu"
+        _require(not (self.fp16 and self.bf16), "fp16", "cannot be combined with --bf16")
+        _require(self.data_dir is None or self.input is None, "input", "give DATA_DIR (with --split) or --input, not both")
+        _require(self.average_last is None or self.average_last >= 1, "average_last", f"must be >= 1, got {self.average_last}")
+        _require(not (self.average and self.average_last is not None), "average", "cannot be combined with --average-last (which averages already)")
+        _require(self.output is None or self.results_path is None, "results_path", "cannot be combined with --output")
+        _require(
+            self.results_path is None or self.data_dir is not None,
+            "results_path",
+            "names its file after the split (generate-SPLIT.txt): give DATA_DIR --split, or --output for raw text",
+        )
+        _require(self.format == "fairseq" or not self.print_alignment, "print_alignment", "alignments are A- lines of --format fairseq")
+        _require(
+            not self.score_reference or self.data_dir is not None or self.reference is not None,
+            "score_reference",
+            "needs a reference: DATA_DIR --split, or --reference",
+        )
+        _require(
+            not (self.quiet and self.format == "plain" and self.output_path is not None),
+            "quiet",
+            "prints no translations, so the plain --output/--results-path file would be empty",
+        )
+
+    @property
+    def checkpoint_paths(self) -> list[str]:
+        """--path split into checkpoints (``:`` separates them, as fairseq's ``--path`` does)."""
+        return [path for path in self.path.split(":") if path]
+
+    @property
+    def output_path(self) -> str | None:
+        """Where the output goes (None: stdout)."""
+        if self.results_path is not None:
+            return os.path.join(self.results_path, f"generate-{self.split}.txt")
+        return self.output
+
+
+@dataclass
+class PlotConfig:
+    """nmt-plot: training curves from a run's log as a picture."""
+
+    log: str = opt(
+        help="nmt-train's --log-format json output (one JSON object per line; other lines are skipped), "
+        "or a --tensorboard-logdir directory (or one event file)",
+        positional=True,
+        metavar="LOGDIR_OR_JSONLOG",
+    )
+    output: str = opt("curves.png", "the picture to write (PNG, or any format matplotlib knows by the suffix)", aliases=("-o",))
+    title: str | None = opt(None, "figure title (default: the log's path)")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.log), "log", "must not be empty")
+        _require(bool(self.output), "output", "must not be empty")

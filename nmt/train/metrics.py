@@ -29,7 +29,10 @@ class MetricsLog:
             logging.getLogger().addHandler(handler)
             self.log_file = handler
         if tensorboard and cfg.tensorboard_logdir:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+            except ImportError:  # an optional dependency (the tensorboard extra)
+                raise ValueError("--tensorboard-logdir: the tensorboard package is not installed (pip install 'nmt[tensorboard]')") from None
 
             self.writer = SummaryWriter(cfg.tensorboard_logdir)
         self._window = _Window()
@@ -40,7 +43,8 @@ class MetricsLog:
             return
         record = {"update": update, "epoch": epoch, **values}
         if self.cfg.log_format == "json":
-            line = json.dumps({"kind": prefix, **record})
+            # "time": wall clock, Unix seconds (nmt-plot draws against it)
+            line = json.dumps({"kind": prefix, **record, "time": round(time.time(), 3)})
             print(line, flush=True)
             if self.log_file is not None:
                 self.log_file.stream.write(line + "\n")
