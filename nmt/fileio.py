@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -72,14 +74,18 @@ def describe_os_error(error: OSError, path: str | None = None) -> OSError:
 
 
 def remove_stale_temporaries(directory: str) -> list[str]:
-    """Delete temporaries (``.NAME.tmp-PID``) in ``directory`` whose writer process is gone."""
+    """Delete temporaries (``.NAME.tmp-PID``, files or directories) in ``directory`` whose writer process is gone."""
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(directory):
             match = _TEMPORARY.match(name)
             if match and not _process_alive(int(match.group(1))):
+                path = os.path.join(directory, name)
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(directory, name))
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.remove(path)
                     removed.append(name)
     return removed
 
@@ -94,3 +100,53 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def lock_path_beside(directory: str) -> str:
+    """The lock file of a directory that gets replaced whole (a dataset): a hidden sibling."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    return os.path.join(parent, f".{name}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str, *, what: str, shared: bool = False, wait: bool = False) -> Iterator[None]:
+    """Hold ``fcntl.flock`` on ``lock_path`` for the ``with`` block; the file records the holder's PID.
+
+    The kernel drops the lock when its process dies, so a crashed run never leaves it stuck. Taken
+    already: ValueError naming ``what`` (the directory) and the holder's PID, unless ``wait``.
+    ``shared``: many holders, no exclusive one (the parts of one sharded dataset share its directory).
+    The last holder removes the file; a locker that finds its file replaced meanwhile starts over.
+    """
+    fd = _acquire(lock_path, what=what, shared=shared, wait=wait)
+    try:
+        if not shared:
+            os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the last holder (exclusive now) takes the file away
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.remove(lock_path)
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _acquire(lock_path: str, *, what: str, shared: bool, wait: bool) -> int:
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise describe_os_error(error, lock_path) from None
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").split() or ["unknown"]
+            os.close(fd)
+            raise ValueError(
+                f"{what}: in use by another run (PID {holder[0]}); wait for it to finish or choose another directory"
+            ) from None
+        try:
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # locked a file its last holder had just removed: lock the new one

@@ -7,6 +7,7 @@ reads BOS + target[:-1] (built at collate time), so BOS is never stored on disk.
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -26,27 +27,38 @@ def train_model(
     model_type: str,
     character_coverage: float,
     num_threads: int,
+    label: str = "the training sample",
 ) -> bytes:
     """Train a SentencePiece model on ``sentences`` and return its serialized proto.
 
     ``hard_vocab_limit=False`` lets a small corpus yield a smaller vocabulary instead of failing;
-    the real size is read back from the model and recorded.
+    the real size is read back from the model and recorded. SentencePiece's own errors (degenerate
+    text) become one ``ValueError`` naming ``label``.
     """
     model = io.BytesIO()
-    sentencepiece_lib.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        pad_id=PAD_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        unk_id=UNK_ID,
-        hard_vocab_limit=False,
-        num_threads=num_threads,
-        minloglevel=2,
-    )
+    try:
+        sentencepiece_lib.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            hard_vocab_limit=False,
+            num_threads=num_threads,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        # e.g. "Internal: src/trainer_interface.cc(...) [!sentences_.empty()]" when every sentence is
+        # longer than SentencePiece's limit (4,192 bytes) or the text has too few distinct characters.
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"SentencePiece training failed on {label}: {reason} (it skips sentences over 4,192 bytes "
+            "and needs ordinary text: check the training files)"
+        ) from None
     return model.getvalue()
 
 
@@ -105,8 +117,6 @@ def ids_with_eos(ids: list[list[int]], *, dtype: np.dtype) -> tuple[np.ndarray, 
     eos_positions = np.cumsum(lengths) - 1
     is_piece = np.ones(tokens.shape[0], dtype=bool)
     is_piece[eos_positions] = False
-    tokens[is_piece] = np.fromiter(
-        (token for seq in ids for token in seq), dtype=np.int64, count=int(piece_counts.sum())
-    )
+    tokens[is_piece] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(piece_counts.sum()))
     tokens[eos_positions] = EOS_ID
     return tokens, lengths

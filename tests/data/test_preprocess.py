@@ -214,8 +214,8 @@ def test_failure_midway_leaves_no_dataset_and_keeps_the_old_one(corpus_dir, monk
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    original = preprocess_module._write_split
-    monkeypatch.setattr(preprocess_module, "_write_split", interrupted)
+    original = preprocess_module.write_split
+    monkeypatch.setattr(preprocess_module, "write_split", interrupted)
     with pytest.raises(KeyboardInterrupt):
         preprocess(config(corpus_dir, overwrite=True, spm_vocab_size=50))
     assert (corpus_dir / "out" / "manifest.json").read_bytes() == before
