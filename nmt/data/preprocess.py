@@ -39,7 +39,7 @@ from nmt.config import PreprocessConfig, to_dict
 from nmt.data.dedup import HashSet64
 from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import MANIFEST_NAME, Manifest, PartEntry, SideEntry, SplitEntry, SpmEntry, load_manifest, sha256_files
-from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, ids_with_eos, token_dtype, train_model
+from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype, train_model
 from nmt.data.text import DataError, count_lines, decode_lines, iter_parallel_chunks, line_count_mismatch, resolve_text_file
 from nmt.fileio import describe_os_error, exclusive_lock, lock_path_beside, remove_stale_temporaries
 
@@ -143,10 +143,12 @@ def encode_chunk(options: EncodeOptions, first_line: int, src_lines: list[bytes]
     invalid = np.zeros(num_lines, dtype=bool)
     invalid[src.invalid] = True
     invalid[tgt.invalid] = True
-    src_ids = _model(options.src_model).encode(src.lines, num_threads=options.num_threads)
-    tgt_ids = _model(options.tgt_model).encode(tgt.lines, num_threads=options.num_threads)
-    src_tokens, src_lengths = ids_with_eos(src_ids, dtype=np.dtype(options.src_dtype))
-    tgt_tokens, tgt_lengths = ids_with_eos(tgt_ids, dtype=np.dtype(options.tgt_dtype))
+    src_tokens, src_lengths = _model(options.src_model).encode_with_eos(
+        src.lines, dtype=np.dtype(options.src_dtype), num_threads=options.num_threads
+    )
+    tgt_tokens, tgt_lengths = _model(options.tgt_model).encode_with_eos(
+        tgt.lines, dtype=np.dtype(options.tgt_dtype), num_threads=options.num_threads
+    )
     filtered = np.zeros(len(FILTER_REASONS), dtype=np.int64)
     if options.role != "train":  # valid and test keep every line, repaired if need be
         return EncodedChunk(
@@ -594,10 +596,10 @@ def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: En
     _check_destdir(destdir, overwrite=cfg.overwrite)
     plans = make_plans(cfg, roles=("train", "valid", "test") if shard.index == 0 else ("train",))
     line_ranges = {plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None) for plan in plans}
-    protos = _vocabulary(cfg, shard, plans)
-    models = [SentencePieceModel(proto, name=cfg.spm_model or "trained SentencePiece model") for proto in protos]
-    workdir = _make_workdir(destdir)
+    workdir = _make_workdir(destdir)  # first: an unwritable --destdir fails before hours of work
     try:
+        protos = _vocabulary(cfg, shard, plans)
+        models = [SentencePieceModel(proto, name=cfg.spm_model or "trained SentencePiece model") for proto in protos]
         joint = len(models) == 1
         spm_files = _spm_files(cfg, joint)
         for name, model in zip(spm_files, models):

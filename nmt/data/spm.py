@@ -98,6 +98,17 @@ class SentencePieceModel:
         """Piece ids without EOS. Threads are SentencePiece's own, so output is thread-count independent."""
         return self.processor.encode(list(lines), out_type=int, num_threads=num_threads)
 
+    def encode_with_eos(self, lines: Sequence[str], *, dtype: np.dtype, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The stored form: ``(tokens, lengths)``, each sentence's ids followed by EOS, back to back.
+
+        SentencePiece appends the EOS itself (``add_eos``), so the ids go from its lists into one
+        array in a single C-level pass.
+        """
+        ids = self.processor.encode(list(lines), out_type=int, add_eos=True, num_threads=num_threads)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+        return tokens, lengths
+
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Text from ids; special ids (pad/bos/eos) are dropped."""
         special = (PAD_ID, BOS_ID, EOS_ID)
@@ -107,16 +118,3 @@ class SentencePieceModel:
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits, else uint32: half the disk and page cache for usual vocabularies."""
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
-
-
-def ids_with_eos(ids: list[list[int]], *, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Flatten encoded sentences, appending EOS to each: (tokens, lengths incl. EOS)."""
-    piece_counts = np.fromiter((len(seq) for seq in ids), dtype=np.int64, count=len(ids))
-    lengths = piece_counts + 1
-    tokens = np.empty(int(lengths.sum()), dtype=dtype)
-    eos_positions = np.cumsum(lengths) - 1
-    is_piece = np.ones(tokens.shape[0], dtype=bool)
-    is_piece[eos_positions] = False
-    tokens[is_piece] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(piece_counts.sum()))
-    tokens[eos_positions] = EOS_ID
-    return tokens, lengths

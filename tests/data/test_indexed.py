@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.data.indexed import IndexedDataset, IndexedWriter
-from nmt.data.spm import EOS_ID, ids_with_eos, token_dtype
+from nmt.data.spm import token_dtype
 
 
 @settings(max_examples=40, deadline=None)
@@ -36,12 +36,6 @@ def test_round_trip_random_ids_and_lengths(tmp_path_factory, sequences, chunk):
 def test_uint32_when_vocabulary_exceeds_uint16():
     assert token_dtype(65_536) == np.uint16
     assert token_dtype(65_537) == np.uint32
-
-
-def test_ids_with_eos_appends_eos_and_counts_it():
-    tokens, lengths = ids_with_eos([[5, 6], [], [7]], dtype=np.dtype(np.uint16))
-    assert tokens.tolist() == [5, 6, EOS_ID, EOS_ID, 7, EOS_ID]
-    assert lengths.tolist() == [3, 1, 2]
 
 
 def _write(prefix, sequences):

@@ -14,7 +14,7 @@ from nmt.config import PreprocessConfig
 from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.preprocess import FILTER_REASONS, filter_codes, preprocess
-from nmt.data.spm import SentencePieceModel, ids_with_eos
+from nmt.data.spm import EOS_ID, SentencePieceModel
 from nmt_cli.preprocess import main as cli_main
 
 WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman child ball".split()
@@ -78,11 +78,12 @@ def test_read_back_equals_reencoding_and_counts_add_up(corpus_dir):
     src_lines = (corpus_dir / "train.en").read_text().split("\n")[:-1]
     tgt_lines = (corpus_dir / "train.de").read_text().split("\n")[:-1]
     kept_lines = train.line_numbers.tolist()
-    expected_src, expected_src_lengths = ids_with_eos(model.encode([src_lines[i] for i in kept_lines]), dtype=np.dtype(np.uint16))
-    expected_tgt, _ = ids_with_eos(model.encode([tgt_lines[i] for i in kept_lines]), dtype=np.dtype(np.uint16))
-    assert np.array_equal(np.concatenate([train[i][0] for i in range(len(train))]), expected_src)
-    assert np.array_equal(np.concatenate([train[i][1] for i in range(len(train))]), expected_tgt)
-    assert np.array_equal(train.src_lengths, expected_src_lengths)
+    # each sample is its line's pieces followed by EOS
+    expected_src = [ids + [EOS_ID] for ids in model.encode([src_lines[i] for i in kept_lines])]
+    expected_tgt = [ids + [EOS_ID] for ids in model.encode([tgt_lines[i] for i in kept_lines])]
+    assert [train[i][0].tolist() for i in range(len(train))] == expected_src
+    assert [train[i][1].tolist() for i in range(len(train))] == expected_tgt
+    assert train.src_lengths.tolist() == [len(ids) for ids in expected_src]
 
     entry = manifest.splits["train"]
     assert entry.num_samples + sum(entry.filtered.values()) == entry.num_lines == 300
