@@ -57,8 +57,20 @@ def atomic_write(path: str, mode: str = "wb", *, tag: str = "", **open_kwargs: A
     fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
+class DescribedOSError(OSError):
+    """An OSError whose message names the path and the cause in words; ``str()`` is that message alone."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def describe_os_error(error: OSError, path: str | None = None) -> OSError:
-    """The same error with a message a user can act on: the path, and "disk full" for ENOSPC/EDQUOT."""
+    """The same error with a message a user can act on: the path, and "disk full" for ENOSPC/EDQUOT.
+
+    Describing a described error again returns it unchanged (the innermost path is the precise one).
+    """
+    if isinstance(error, DescribedOSError):
+        return error
     where = path or error.filename or "?"
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         message = f"{where}: disk full (no space left on the device while writing)"
@@ -68,7 +80,7 @@ def describe_os_error(error: OSError, path: str | None = None) -> OSError:
         message = f"{where}: cannot write here ({os.strerror(error.errno)})"
     else:
         message = f"{where}: {error.strerror or error}"
-    described = OSError(error.errno, message)
+    described = DescribedOSError(error.errno, message)
     described.filename = where
     return described
 
@@ -135,7 +147,7 @@ def _acquire(lock_path: str, *, what: str, shared: bool, wait: bool) -> int:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
-            raise describe_os_error(error, lock_path) from None
+            raise describe_os_error(error, what) from None
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
