@@ -19,9 +19,8 @@ import torch
 
 from nmt.checkpoint_io import FORMAT, VERSION, atomic_torch_save, bytes_to_tensor
 from nmt.config import ModelConfig, to_dict
-from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.manifest import load_manifest, verify_checksums
+from nmt.data.manifest import load_manifest
 from nmt.data.spm import SPECIAL_IDS
 from nmt.model import build_model
 from nmt_cli.eval import main as eval_main
@@ -116,14 +115,16 @@ def test_a_killed_run_leaves_no_stuck_lock_and_its_leftovers_are_swept(corpus):
 def test_the_final_rename_checks_again(corpus, monkeypatch, capsys):
     """Something wrote --destdir while the run was working (not another nmt run: that one has no lock):
     the finished dataset is not installed over it."""
-    original = preprocess_module.sha256_files
+    from nmt.data.manifest import Manifest
 
-    def meanwhile(directory, names, **kwargs):
+    original = Manifest.write
+
+    def meanwhile(manifest, directory):  # the last step before the rename
         os.makedirs(corpus / "out", exist_ok=True)
         (corpus / "out" / "precious.txt").write_text("someone else's")
-        return original(directory, names, **kwargs)
+        original(manifest, directory)
 
-    monkeypatch.setattr(preprocess_module, "sha256_files", meanwhile)
+    monkeypatch.setattr(Manifest, "write", meanwhile)
     assert preprocess_main(cli_args(corpus)) == 1
     assert_one_error_line(capsys.readouterr().err, str(corpus / "out"), "--overwrite")
     assert (corpus / "out" / "precious.txt").read_text() == "someone else's"
@@ -267,6 +268,8 @@ def test_same_size_corruption_of_a_bin_is_one_line_when_training_opens_it(corpus
 
 
 def test_corruption_inside_the_vocabulary_is_found_by_the_checksums(corpus):
+    from nmt.data.manifest import verify_checksums  # what nmt-train --verify-data runs
+
     assert preprocess_main(cli_args(corpus)) == 0
     manifest = load_manifest(str(corpus / "out"))
     verify_checksums(manifest)  # intact
