@@ -233,3 +233,69 @@ def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
             shutil.rmtree(out)
         # a killed run leaves at most a hidden temporary directory, never a manifest at --destdir
         assert not (out / "manifest.json").exists()
+
+
+def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monkeypatch):
+    """Chunks of 37 lines, 1 or 3 worker processes, dedup and filters on: the same bytes."""
+    src, tgt = random_pairs(1_000, seed=8)
+    src[100], tgt[200] = "", ""
+    src[600], tgt[600] = src[5], tgt[5]
+    write_corpus(corpus_dir, "train", src, tgt)
+    monkeypatch.setattr(preprocess_module, "CHUNK_LINES", 37)
+    for workers in (1, 3):
+        preprocess(config(corpus_dir, destdir=str(corpus_dir / f"w{workers}"), workers=workers, dedup=True))
+    for name in sorted(os.listdir(corpus_dir / "w1")):
+        a, b = (corpus_dir / "w1" / name).read_bytes(), (corpus_dir / "w3" / name).read_bytes()
+        if name == "manifest.json":
+            a, b = (json.loads(x)["splits"] for x in (a, b))
+        assert a == b, name
+
+
+def test_dedup_drops_later_exact_duplicates_and_counts_them(tmp_path):
+    src, tgt = random_pairs(300, seed=9)
+    for later, earlier in ((50, 3), (51, 3), (260, 40)):
+        src[later], tgt[later] = src[earlier], tgt[earlier]
+    src[70] = src[4]  # same source, other target: not a duplicate pair
+    write_corpus(tmp_path, "train", src, tgt)
+    write_corpus(tmp_path, "valid", src[:10], tgt[:10])  # valid and test are never deduplicated
+    manifest, stats = preprocess(config(tmp_path, dedup=True))
+    assert manifest.splits["train"].filtered["duplicate"] == 3 and stats[0].filtered["duplicate"] == 3
+    line_numbers = ParallelCorpus(str(tmp_path / "out"), "train").line_numbers.tolist()
+    assert 3 in line_numbers and 40 in line_numbers and 70 in line_numbers  # first occurrences stay
+    assert not {50, 51, 260} & set(line_numbers)
+    assert len(ParallelCorpus(str(tmp_path / "out"), "valid")) == 10
+    without, _ = preprocess(config(tmp_path, destdir=str(tmp_path / "all")))
+    assert "duplicate" not in without.splits["train"].filtered
+    assert without.splits["train"].num_samples == manifest.splits["train"].num_samples + 3
+
+
+def test_reservoir_sample_is_uniform_and_deterministic():
+    from nmt.data.preprocess import Reservoir
+
+    counts = np.zeros(1_000)
+    for seed in range(400):
+        reservoir = Reservoir(100, seed=seed)
+        for start in range(0, 1_000, 64):
+            reservoir.offer([str(i) for i in range(start, min(start + 64, 1_000))])
+        sample = [int(x) for x in reservoir.sample()]
+        assert sample == sorted(sample) and len(set(sample)) == 100  # in stream order, no repeats
+        counts[sample] += 1
+    # each item is kept with probability 0.1: 40 of 400 times (sd 6), early and late items alike
+    assert abs(counts[:500].mean() - 40) < 2 and abs(counts[500:].mean() - 40) < 2 and counts.min() > 10
+    again = Reservoir(100, seed=399)
+    for start in range(0, 1_000, 64):
+        again.offer([str(i) for i in range(start, min(start + 64, 1_000))])
+    assert [int(x) for x in again.sample()] == sample
+    small = Reservoir(100, seed=0)
+    small.offer(["a", "b"])
+    assert small.sample() == ["a", "b"]
+
+
+def test_spm_trained_on_a_sample_depends_on_the_seed_only(corpus_dir):
+    write_corpus(corpus_dir, "train", *random_pairs(3_000, seed=10))
+    models = []
+    for seed, workers, name in ((1, 1, "a"), (1, 2, "b"), (2, 1, "c")):
+        manifest, _ = preprocess(config(corpus_dir, destdir=str(corpus_dir / name), seed=seed, workers=workers, spm_sample_size=300))
+        models.append((corpus_dir / name / "spm.model").read_bytes())
+    assert models[0] == models[1]
+    assert models[0] != models[2]
