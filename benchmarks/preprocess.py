@@ -10,8 +10,12 @@ subprocess, sampling the PSS of it and its worker processes every 0.2 s:
 - threads:   the same, encoding in one process with SentencePiece's threads (the other mode)
 - train-gz:  --gz-pairs pairs (default 1M), gzip text, SentencePiece trained (reservoir sample)
 - sharded:   the `given` corpus in --shards parts under torchrun (one rank per part), as the 1B plan runs it
-- in-memory: what fairseq-preprocess and nmt before streaming do: every line read and encoded into
-             Python lists before writing (on --in-memory-pairs pairs; its memory grows with them)
+- in-memory: what nmt-preprocess did before streaming (as in the issue): every line read and encoded
+             into Python lists before writing (on --in-memory-pairs pairs; its memory grows with them)
+
+fairseq is not installable next to this torch on Python 3.11, so its figure is the measured reference
+(fairseq-preprocess 0.12.2 on Multi30k text already encoded into pieces, 2 workers: 11.6 s, issue 2)
+extrapolated linearly to --pairs; it excludes SentencePiece encoding, which fairseq leaves to the user.
 
 The dataset written by the `given` step stays at WORKDIR/data-given (lead: the 10M training
 start-up benchmark can open it; `--keep` keeps it).
@@ -33,6 +37,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(ROOT, "data", "multi30k")
+FAIRSEQ_MULTI30K_SECONDS = 11.6  # train + valid + test pairs of Multi30k, measured once (see above)
 
 
 def parse_count(text: str) -> int:
@@ -217,7 +222,7 @@ def main() -> None:
         build_corpus(small, args.in_memory_pairs, compress=False)
         out = os.path.join(args.workdir, "in-memory")
         seconds, cpu, peak, _ = run_measured([sys.executable, "-c", IN_MEMORY, small, spm_model, out], env=env)
-        rows.append(("in-memory approach (fairseq-preprocess, nmt before streaming), 2 threads", args.in_memory_pairs, seconds, cpu, peak))
+        rows.append(("in memory (nmt-preprocess before streaming), 2 threads", args.in_memory_pairs, seconds, cpu, peak))
         for lang in ("en", "de"):
             for ext in (".bin", ".idx"):
                 os.remove(f"{out}.{lang}{ext}")
@@ -229,6 +234,13 @@ def main() -> None:
     for name, pairs, seconds, cpu, peak in rows:
         print(f"{name:<78} {pairs:>12,} {seconds:>8.1f} {pairs / seconds:>9,.0f} {cpu:>8.1f} {pairs / cpu:>11,.0f} {peak:>7.2f} GB")
     print(f"(pairs/CPU-s x {cores} cores bounds the wall-clock rate on otherwise idle cores)")
+    multi30k_pairs = sum(len(gzip.open(os.path.join(MULTI30K, f"{name}.en.gz")).read().split(b"\n")) - 1 for name in ("train", "val", "test_2016_flickr"))
+    fairseq_rate = multi30k_pairs / FAIRSEQ_MULTI30K_SECONDS
+    print(
+        f"fairseq-preprocess reference: {fairseq_rate:,.0f} pairs/s on pre-encoded text ({multi30k_pairs:,} pairs in "
+        f"{FAIRSEQ_MULTI30K_SECONDS} s), so {args.pairs:,} pairs would take ~{args.pairs / fairseq_rate / 3600:.1f} h "
+        "(extrapolated; a lower bound: the synthetic pairs are twice as long)"
+    )
     rates = {name: pairs / seconds for name, pairs, seconds, _, _ in rows}
     processes = [rate for name, rate in rates.items() if "worker processes" in name and "given" in name]
     threads = [rate for name, rate in rates.items() if "SentencePiece threads" in name]

@@ -64,6 +64,22 @@ class DescribedOSError(OSError):
         return str(self.strerror)
 
 
+def open_for_writing(path: str) -> IO[bytes]:
+    """``open(path, "wb")`` whose failure names the path (``describe_os_error``)."""
+    try:
+        return open(path, "wb")
+    except OSError as error:
+        raise describe_os_error(error, path) from None
+
+
+def write_all(handle: IO[bytes], data: Any) -> None:
+    """``handle.write(data)`` whose failure (a full disk...) names the file being written."""
+    try:
+        handle.write(data)
+    except OSError as error:
+        raise describe_os_error(error, handle.name) from None
+
+
 def describe_os_error(error: OSError, path: str | None = None) -> OSError:
     """The same error with a message a user can act on: the path, and "disk full" for ENOSPC/EDQUOT.
 

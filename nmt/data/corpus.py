@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from nmt.data.indexed import IndexedDataset, max_token_id
+from nmt.data.indexed import IndexedDataset, scan_token_ids
 from nmt.data.manifest import Manifest, SideEntry, load_manifest
 
 
@@ -70,11 +70,10 @@ class ParallelCorpus:
 
     @staticmethod
     def _check_token_ids(dataset: IndexedDataset, side: SideEntry, vocab_size: int) -> None:
-        largest = max_token_id(dataset)
+        largest, first_over = scan_token_ids(dataset, limit=vocab_size)
         path = dataset.prefix + ".bin"
-        if largest >= vocab_size:
-            position = int(np.flatnonzero(np.asarray(dataset.tokens) >= vocab_size)[0])
-            sample = int(np.searchsorted(dataset.offsets, position, side="right")) - 1
+        if first_over >= 0:
+            sample = int(np.searchsorted(dataset.offsets, first_over, side="right")) - 1
             raise ValueError(
                 f"{path}: token id {largest} in sample {sample} is outside the vocabulary ({vocab_size} ids): "
                 "the file is corrupt or from another vocabulary; preprocess again"

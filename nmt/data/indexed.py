@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from nmt.fileio import describe_os_error
+from nmt.fileio import describe_os_error, open_for_writing, write_all
 
 FORMAT_VERSION = 1
 HEADER_BYTES = 32
@@ -73,25 +73,11 @@ class IndexedWriter:
         self.num_tokens = 0
         self.max_token_id = -1
         self._lengths_path = prefix + ".lengths.tmp"
-        self._bin = self._open(prefix + ".bin")
-        self._idx = self._open(prefix + ".idx")
-        self._lengths = self._open(self._lengths_path)
-        self._write(self._bin, _pack_header(BIN_MAGIC, self.dtype, 0))
-        self._write(self._idx, _pack_header(IDX_MAGIC, self.dtype, 0) + np.zeros(1, dtype="<i8").tobytes())
-
-    @staticmethod
-    def _open(path: str) -> BinaryIO:
-        try:
-            return open(path, "wb")
-        except OSError as error:
-            raise describe_os_error(error, path) from None
-
-    @staticmethod
-    def _write(handle: BinaryIO, data: bytes | memoryview) -> None:
-        try:
-            handle.write(data)
-        except OSError as error:
-            raise describe_os_error(error, handle.name) from None
+        self._bin = open_for_writing(prefix + ".bin")
+        self._idx = open_for_writing(prefix + ".idx")
+        self._lengths = open_for_writing(self._lengths_path)
+        write_all(self._bin, _pack_header(BIN_MAGIC, self.dtype, 0))
+        write_all(self._idx, _pack_header(IDX_MAGIC, self.dtype, 0) + np.zeros(1, dtype="<i8").tobytes())
 
     def add_many(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append ``len(lengths)`` sequences stored back to back in ``tokens``."""
@@ -102,9 +88,9 @@ class IndexedWriter:
         if tokens.size:
             self.max_token_id = max(self.max_token_id, int(tokens.max()))
         offsets = self.num_tokens + np.cumsum(lengths)
-        self._write(self._bin, np.ascontiguousarray(tokens, dtype=self.dtype).data)
-        self._write(self._idx, offsets.astype("<i8").data)
-        self._write(self._lengths, lengths.astype("<i4").data)
+        write_all(self._bin, np.ascontiguousarray(tokens, dtype=self.dtype).data)
+        write_all(self._idx, offsets.astype("<i8").data)
+        write_all(self._lengths, lengths.astype("<i4").data)
         self.num_tokens += int(tokens.shape[0])
         self.num_sequences += int(lengths.shape[0])
 
@@ -122,28 +108,6 @@ class IndexedWriter:
         except OSError as error:
             raise describe_os_error(error, error.filename or self.prefix + ".idx") from None
         return self.num_tokens
-
-    def abort(self) -> None:
-        """Close everything after a failure (the caller removes the directory)."""
-        for handle in (self._bin, self._idx, self._lengths):
-            handle.close()
-
-
-def max_token_id(dataset: IndexedDataset, *, block_tokens: int = 1 << 24) -> int:
-    """The largest id in a token file (-1 when empty), read in blocks with ``readinto``.
-
-    Not through the memory map: a map touched end to end would count the whole file in this
-    process's resident memory; a reused buffer keeps it at one block.
-    """
-    path = dataset.prefix + ".bin"
-    buffer = np.empty(min(block_tokens, max(dataset.num_tokens, 1)), dtype=dataset.dtype)
-    largest = -1
-    with open(path, "rb") as handle:
-        handle.seek(HEADER_BYTES)
-        while count := handle.readinto(buffer.data) // dataset.dtype.itemsize:
-            largest = max(largest, int(buffer[:count].max()))
-    return largest
-
 
 class IndexedDataset:
     """Memory-mapped reader: ``ds[i]`` is sequence i (a read-only view), ``ds.lengths`` all lengths."""
@@ -183,3 +147,23 @@ class IndexedDataset:
     @property
     def num_tokens(self) -> int:
         return self.tokens.shape[0]
+
+
+def scan_token_ids(dataset: IndexedDataset, *, limit: int, block_tokens: int = 1 << 24) -> tuple[int, int]:
+    """(largest id or -1 when empty, position of the first id >= ``limit`` or -1), in one pass.
+
+    Read in blocks with ``readinto``, not through the memory map: a map touched end to end would
+    count the whole file in this process's resident memory; a reused buffer keeps it at one block.
+    """
+    buffer = np.empty(min(block_tokens, max(dataset.num_tokens, 1)), dtype=dataset.dtype)
+    largest, first_over, position = -1, -1, 0
+    with open(dataset.prefix + ".bin", "rb") as handle:
+        handle.seek(HEADER_BYTES)
+        while count := handle.readinto(buffer.data) // dataset.dtype.itemsize:
+            block = buffer[:count]
+            block_max = int(block.max())
+            if block_max >= limit and first_over < 0:
+                first_over = position + int(np.argmax(block >= limit))
+            largest = max(largest, block_max)
+            position += count
+    return largest, first_over

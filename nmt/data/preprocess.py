@@ -41,7 +41,7 @@ from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import MANIFEST_NAME, Manifest, PartEntry, SideEntry, SplitEntry, SpmEntry, load_manifest, sha256_files
 from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype, train_model
 from nmt.data.text import DataError, count_lines, decode_lines, iter_parallel_chunks, line_count_mismatch, resolve_text_file
-from nmt.fileio import describe_os_error, exclusive_lock, lock_path_beside, remove_stale_temporaries
+from nmt.fileio import describe_os_error, exclusive_lock, lock_path_beside, open_for_writing, remove_stale_temporaries, write_all
 
 logger = logging.getLogger(__name__)
 
@@ -365,10 +365,10 @@ class _LineNumbersWriter:
         self.path = path
         self.count = 0
         self._raw_path = path + ".raw.tmp"
-        self._raw = _open_for_writing(self._raw_path)
+        self._raw = open_for_writing(self._raw_path)
 
     def add(self, values: np.ndarray) -> None:
-        _write(self._raw, np.asarray(values, dtype="<i8").data)
+        write_all(self._raw, np.asarray(values, dtype="<i8").data)
         self.count += int(values.shape[0])
 
     def finish(self) -> None:
@@ -382,20 +382,6 @@ class _LineNumbersWriter:
             os.remove(self._raw_path)
         except OSError as error:
             raise describe_os_error(error, error.filename or self.path) from None
-
-
-def _open_for_writing(path: str):  # type: ignore[no-untyped-def]
-    try:
-        return open(path, "wb")
-    except OSError as error:
-        raise describe_os_error(error, path) from None
-
-
-def _write(handle, data) -> None:  # type: ignore[no-untyped-def]
-    try:
-        handle.write(data)
-    except OSError as error:
-        raise describe_os_error(error, handle.name) from None
 
 
 def reference_name(split: str, lang: str) -> str:
@@ -420,7 +406,7 @@ class SplitWriter:
         self.reference = None
         if self.reference_file:
             # mtime 0 and no file name in the header: the same text always gives the same bytes
-            self._reference_raw = _open_for_writing(os.path.join(workdir, self.reference_file))
+            self._reference_raw = open_for_writing(os.path.join(workdir, self.reference_file))
             self.reference = gzip.GzipFile(filename="", mode="wb", fileobj=self._reference_raw, mtime=0)
         self.seen: HashSet64 | None = HashSet64() if plan.role == "train" and cfg.dedup else None
 
@@ -603,8 +589,8 @@ def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: En
         joint = len(models) == 1
         spm_files = _spm_files(cfg, joint)
         for name, model in zip(spm_files, models):
-            with _open_for_writing(os.path.join(workdir, name)) as handle:
-                _write(handle, model.proto)
+            with open_for_writing(os.path.join(workdir, name)) as handle:
+                write_all(handle, model.proto)
         src_model, tgt_model = models[0], models[-1]
         dtypes = (token_dtype(src_model.vocab_size), token_dtype(tgt_model.vocab_size))
 

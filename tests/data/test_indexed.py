@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.data.indexed import IndexedDataset, IndexedWriter
+from nmt.data.indexed import IndexedDataset, IndexedWriter, scan_token_ids
 from nmt.data.spm import token_dtype
 
 
@@ -60,3 +60,12 @@ def test_wrong_magic_is_detected(tmp_path):
     os.replace(prefix + ".idx", prefix + ".bin")
     with pytest.raises(ValueError, match="bad magic"):
         IndexedDataset(prefix)
+
+
+def test_scan_token_ids_across_blocks(tmp_path):
+    prefix = str(tmp_path / "a")
+    _write(prefix, [[1, 2, 3], [4, 9], [7, 12, 5]])
+    dataset = IndexedDataset(prefix)
+    for block in (1, 2, 3, 100):
+        assert scan_token_ids(dataset, limit=100, block_tokens=block) == (12, -1)
+        assert scan_token_ids(dataset, limit=8, block_tokens=block) == (12, 4)  # the 9, in sample 1
