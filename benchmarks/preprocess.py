@@ -4,7 +4,7 @@
 
 Builds a synthetic corpus from the bundled Multi30k (training pairs joined 1-3 at a time, both sides
 alike, so it stays parallel) once under --workdir and reuses it. Then runs `nmt-preprocess` as a
-subprocess, sampling the PSS of it and its worker processes every 0.2 s:
+subprocess, sampling the PSS of it and its worker processes every 0.5 s:
 
 - given:     --pairs pairs, plain text, SentencePiece model given, --workers processes
 - threads:   the same, encoding in one process with SentencePiece's threads (the other mode)
@@ -73,20 +73,17 @@ def build_corpus(prefix: str, num_pairs: int, *, compress: bool, seed: int = 0) 
 
 
 def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, frontier = [pid], [pid]
+    """``pid`` and its descendants, from /proc/PID/task/TID/children (no scan of every process)."""
+    found, frontier = [], [pid]
     while frontier:
-        kids = children.get(frontier.pop(), [])
-        found += kids
-        frontier += kids
+        current = frontier.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    frontier += [int(child) for child in handle.read().split()]
+        except OSError:
+            continue
     return found
 
 
@@ -114,7 +111,7 @@ def run_measured(command: list[str], *, env: dict[str, str] | None = None) -> tu
 
     def sample() -> None:
         nonlocal peak
-        while not done.wait(0.2):
+        while not done.wait(0.5):
             peak = max(peak, sum(_pss_kb(pid) for pid in _tree(process.pid)))
 
     sampler = threading.Thread(target=sample, daemon=True)

