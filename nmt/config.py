@@ -124,6 +124,7 @@ class PreprocessConfig:
         1, "encode the training text in this many parts, one per run (under torchrun: one per rank, set by itself)"
     )
     shard_id: int = opt(0, "which part this run encodes, 0 <= --shard-id < --num-shards")
+    merge_parts: bool = opt(False, "once the last part is done, concatenate the parts into one file per split and side")
 
     def __post_init__(self) -> None:
         _check_choices(self)

@@ -705,7 +705,7 @@ def _finalize_lock(destdir: str) -> Iterator[None]:
         yield
 
 
-_PER_RUN_OPTIONS = ("shard_id", "workers", "overwrite", "destdir")
+_PER_RUN_OPTIONS = ("shard_id", "workers", "overwrite", "destdir", "merge_parts")
 
 
 def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
@@ -776,7 +776,68 @@ def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
         )
         manifest.write(destdir)
         logger.info("all %d parts done: wrote %s", num_shards, os.path.join(destdir, MANIFEST_NAME))
-        return manifest
+        return merge_parts(manifest) if any(part.config.get("merge_parts") for part in parts) else manifest
+
+
+MERGE_BLOCK_SAMPLES = 1 << 20
+
+
+def merge_parts(manifest: Manifest) -> Manifest:
+    """Concatenate each split's parts into one token file per side, streamed a block of samples at a
+    time, and rewrite the manifest to them (atomically: until then the parts stay the dataset);
+    the parts' files go last. Optional: training reads the parts as one corpus without it."""
+    from nmt.data.corpus import ParallelCorpus
+
+    directory = manifest.directory
+    splits = dict(manifest.splits)
+    written: list[str] = []
+    replaced: list[str] = []
+    for name, entry in manifest.splits.items():
+        if len(entry.parts) == 1:
+            continue
+        corpus = ParallelCorpus(directory, name, manifest=manifest, check_token_ids=False)
+        sides = []
+        for lang, parted in ((manifest.source_lang, corpus.src), (manifest.target_lang, corpus.tgt)):
+            prefix = f"{name}.{lang}"
+            writer = IndexedWriter(os.path.join(directory, prefix), dtype=parted.parts[0].dtype)
+            for dataset in parted.parts:
+                for start in range(0, len(dataset), MERGE_BLOCK_SAMPLES):
+                    stop = min(start + MERGE_BLOCK_SAMPLES, len(dataset))
+                    tokens = dataset.tokens[int(dataset.offsets[start]) : int(dataset.offsets[stop])]
+                    writer.add_many(tokens, dataset.lengths[start:stop])
+            writer.finish()
+            sides.append(SideEntry(prefix=prefix, num_tokens=writer.num_tokens, token_dtype=str(writer.dtype), max_token_id=writer.max_token_id))
+            written += [prefix + ".bin", prefix + ".idx"]
+        line_numbers = None
+        if all(part.line_numbers for part in entry.parts):
+            line_numbers = f"{name}.line_numbers.npy"
+            numbers = _LineNumbersWriter(os.path.join(directory, line_numbers))
+            for part in entry.parts:
+                values = np.load(manifest.path(part.line_numbers), mmap_mode="r")
+                for start in range(0, values.shape[0], MERGE_BLOCK_SAMPLES):
+                    numbers.add(values[start : start + MERGE_BLOCK_SAMPLES])
+            numbers.finish()
+            written.append(line_numbers)
+        for part in entry.parts:
+            replaced += [part.src.prefix + ".bin", part.src.prefix + ".idx", part.tgt.prefix + ".bin", part.tgt.prefix + ".idx"]
+            replaced += [part.line_numbers] if part.line_numbers else []
+        merged = PartEntry(
+            src=sides[0], tgt=sides[1], num_lines=entry.num_lines, num_samples=entry.num_samples,
+            first_line=entry.parts[0].first_line, line_numbers=line_numbers,
+        )
+        splits[name] = SplitEntry(**{**vars(entry), "parts": (merged,)})
+    checksums = {k: v for k, v in manifest.checksums.items() if k not in replaced}
+    checksums.update(sha256_files(directory, written))
+    result = Manifest(**{**vars(manifest), "splits": splits, "checksums": checksums})
+    result.write(directory)
+    for name in replaced:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, name))
+    for part_dir in {os.path.dirname(name) for name in replaced}:  # a part without its training files is no dataset
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, part_dir, MANIFEST_NAME))
+    logger.info("merged the parts of %s into one file per split and side", directory)
+    return result
 
 
 def summary_table(stats: list[SplitStats]) -> str:

@@ -124,3 +124,15 @@ def test_shards_run_by_hand_complete_the_dataset_when_the_last_one_finishes(data
     assert np.array_equal(a.src_lengths, b.src_lengths) and all(np.array_equal(a[i][1], b[i][1]) for i in range(len(a)))
     with pytest.raises(ValueError, match="in use by another run|holds a complete dataset"):
         preprocess(PreprocessConfig(**values, shard_id=1))  # the complete dataset is not overwritten by accident
+
+
+def test_merged_parts_are_the_single_process_files(datasets, tmp_path):
+    values = options(datasets, tmp_path / "merged", num_shards=3, merge_parts=True)
+    for shard_id in (2, 0, 1):
+        manifest, _ = preprocess(PreprocessConfig(**values, shard_id=shard_id))
+    assert all(len(split.parts) == 1 for split in manifest.splits.values())
+    assert load_manifest(str(tmp_path / "merged")).splits == manifest.splits
+    verify_checksums(manifest)
+    for name in ("train.en.bin", "train.de.idx", "train1.en.bin", "train.line_numbers.npy"):
+        assert (tmp_path / "merged" / name).read_bytes() == (datasets / "single" / name).read_bytes(), name
+    assert not [p for p in os.listdir(tmp_path / "merged" / "part-00001-of-00003") if p.startswith("train")]
