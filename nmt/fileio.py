@@ -14,7 +14,6 @@ import errno
 import fcntl
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -102,18 +101,14 @@ def describe_os_error(error: OSError, path: str | None = None) -> OSError:
 
 
 def remove_stale_temporaries(directory: str) -> list[str]:
-    """Delete temporaries (``.NAME.tmp-PID``, files or directories) in ``directory`` whose writer process is gone."""
+    """Delete temporaries (``.NAME.tmp-PID``) in ``directory`` whose writer process is gone."""
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(directory):
             match = _TEMPORARY.match(name)
             if match and not _process_alive(int(match.group(1))):
-                path = os.path.join(directory, name)
                 with contextlib.suppress(FileNotFoundError):
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        shutil.rmtree(path)
-                    else:
-                        os.remove(path)
+                    os.remove(os.path.join(directory, name))
                     removed.append(name)
     return removed
 

@@ -41,7 +41,7 @@ from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import MANIFEST_NAME, Manifest, PartEntry, SideEntry, SplitEntry, SpmEntry, load_manifest, sha256_files
 from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype, train_model
 from nmt.data.text import DataError, count_lines, decode_lines, iter_parallel_chunks, line_count_mismatch, resolve_text_file
-from nmt.fileio import describe_os_error, exclusive_lock, lock_path_beside, open_for_writing, remove_stale_temporaries, write_all
+from nmt.fileio import describe_os_error, exclusive_lock, lock_path_beside, open_for_writing, write_all
 
 logger = logging.getLogger(__name__)
 
@@ -541,9 +541,12 @@ def _make_workdir(destdir: str) -> str:
     parent, name = os.path.split(destdir)
     try:
         os.makedirs(parent, exist_ok=True)
-        remove_stale_temporaries(parent)  # what a killed run left
+        # What killed runs into this --destdir left. The lock (held) says none of them still runs,
+        # on this machine or another one sharing the file system, where a PID would prove nothing.
+        for leftover in os.listdir(parent):
+            if leftover.startswith(f".{name}.tmp-"):
+                shutil.rmtree(os.path.join(parent, leftover), ignore_errors=True)
         workdir = os.path.join(parent, f".{name}.tmp-{os.getpid()}")
-        shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir)
     except OSError as error:
         raise describe_os_error(error, destdir) from None
