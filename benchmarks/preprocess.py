@@ -210,7 +210,7 @@ def main() -> None:
         destdir = os.path.join(args.workdir, "data-train-gz")
         seconds, cpu, peak, stderr = run_measured(preprocess_command(gz, destdir, "--workers", str(args.workers)), env=env)
         trained = [line.split("| ")[-1] for line in stderr.splitlines() if "trained SentencePiece" in line]
-        rows.append((f"SentencePiece trained (1M-sentence sample), gzip text, {args.workers} workers", args.gz_pairs, seconds, cpu, peak))
+        rows.append((f"SentencePiece trained (default sample), gzip text, {args.workers} workers", args.gz_pairs, seconds, cpu, peak))
         print(*trained, sep="\n")
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)

@@ -311,6 +311,13 @@ def sample_training_text(cfg: PreprocessConfig, plans: list[SplitPlan]) -> tuple
     return samples[0], samples[1] if cfg.separate_vocab else None
 
 
+def _drain(items: list[str]) -> Iterator[str]:
+    """The items in order, each dropped from ``items`` as it is taken."""
+    items.reverse()
+    while items:
+        yield items.pop()
+
+
 def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[bytes]:
     """Serialized SentencePiece models: one (joint), or source and target (``--separate-vocab``).
 
@@ -322,21 +329,23 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
     if target is not None:
         labelled.append((target, cfg.target_lang))
     protos = []
-    for sample, label in labelled:
-        if not sample:
+    while labelled:
+        sample, label = labelled.pop(0)
+        num_sentences = len(sample)
+        if not num_sentences:
             raise DataError(f"no non-empty training sentences to train SentencePiece on ({label})")
         started = time.perf_counter()
         proto = train_model(
-            sample,
+            _drain(sample),  # SentencePiece copies each sentence: ours go as it takes them, not at the end
             vocab_size=cfg.spm_vocab_size,
             model_type=cfg.spm_model_type,
             character_coverage=cfg.spm_character_coverage,
             num_threads=1,
-            label=f"a sample of {len(sample)} training sentences ({label})",
+            label=f"a sample of {num_sentences} training sentences ({label})",
         )
         logger.info(
             "trained SentencePiece %s (%s, vocab %d) on %d sampled sentences in %.1fs",
-            label, cfg.spm_model_type, SentencePieceModel(proto).vocab_size, len(sample), time.perf_counter() - started,
+            label, cfg.spm_model_type, SentencePieceModel(proto).vocab_size, num_sentences, time.perf_counter() - started,
         )
         protos.append(proto)
     return protos
