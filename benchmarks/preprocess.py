@@ -8,6 +8,8 @@ subprocess, sampling the PSS of it and its worker processes every 0.5 s:
 
 - given:     --pairs pairs, plain text, SentencePiece model given, --workers processes
 - threads:   the same, encoding in one process with SentencePiece's threads (the other mode)
+- dedup:     the same as given, with --dedup (a third of the synthetic lines are single Multi30k pairs:
+             most of those repeat)
 - train-gz:  --gz-pairs pairs (default 1M), gzip text, SentencePiece trained (reservoir sample)
 - sharded:   the `given` corpus in --shards parts under torchrun (one rank per part), as the 1B plan runs it
 - in-memory: what nmt-preprocess did before streaming (as in the issue): every line read and encoded
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import resource
 import shutil
@@ -160,7 +163,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/nmt-bench")
-    parser.add_argument("--steps", default="given,threads,train-gz,sharded,in-memory")
+    parser.add_argument("--steps", default="given,threads,dedup,train-gz,sharded,in-memory")
     parser.add_argument("--keep", action="store_true", help="keep the datasets (data-given is kept always)")
     args = parser.parse_args()
     steps = args.steps.split(",")
@@ -175,7 +178,7 @@ def main() -> None:
     spm_model = os.path.join(model_dir, "spm.model")
 
     plain = os.path.join(args.workdir, f"synthetic-{args.pairs}")
-    if {"given", "threads", "sharded"} & set(steps):
+    if {"given", "threads", "dedup", "sharded"} & set(steps):
         build_corpus(plain, args.pairs, compress=False)
     if "given" in steps:
         seconds, cpu, peak, _ = run_measured(
@@ -192,6 +195,16 @@ def main() -> None:
         command = [sys.executable, "-c", code, *preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers))[3:]]
         seconds, cpu, peak, _ = run_measured(command, env=env)
         rows.append((f"given model, plain text, 1 process x {args.workers} SentencePiece threads", args.pairs, seconds, cpu, peak))
+        if not args.keep:
+            shutil.rmtree(destdir, ignore_errors=True)
+    if "dedup" in steps:
+        destdir = os.path.join(args.workdir, "data-dedup")
+        seconds, cpu, peak, _ = run_measured(
+            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--dedup"), env=env
+        )
+        with open(os.path.join(destdir, "manifest.json")) as handle:
+            duplicates = json.load(handle)["splits"]["train"]["filtered"]["duplicate"]
+        rows.append((f"given model, plain text, {args.workers} worker processes, --dedup ({duplicates:,} dropped)", args.pairs, seconds, cpu, peak))
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
     if "sharded" in steps:
