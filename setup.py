@@ -18,6 +18,7 @@ setup(
         "sacrebleu>=2.3",
         "tensorboard>=2.12",
         "tqdm>=4.60",
+        "zstandard>=0.22",  # .zst corpora (common for web-crawled data); gzip and xz are in the standard library
     ],
     extras_require={
         "xformers": ["xformers>=0.0.28"],
