@@ -235,15 +235,16 @@ def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
         assert not (out / "manifest.json").exists()
 
 
-def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monkeypatch):
-    """Chunks of 37 lines, 1 or 3 worker processes, dedup and filters on: the same bytes."""
+@pytest.mark.parametrize("encoder", ["threads", "processes"])
+def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monkeypatch, encoder):
+    """Chunks of 37 lines, 1 or 3 workers, dedup and filters on: the same bytes."""
     src, tgt = random_pairs(1_000, seed=8)
     src[100], tgt[200] = "", ""
     src[600], tgt[600] = src[5], tgt[5]
     write_corpus(corpus_dir, "train", src, tgt)
     monkeypatch.setattr(preprocess_module, "CHUNK_LINES", 37)
     for workers in (1, 3):
-        preprocess(config(corpus_dir, destdir=str(corpus_dir / f"w{workers}"), workers=workers, dedup=True))
+        preprocess(config(corpus_dir, destdir=str(corpus_dir / f"w{workers}"), workers=workers, dedup=True, encoder=encoder))
     for name in sorted(os.listdir(corpus_dir / "w1")):
         a, b = (corpus_dir / "w1" / name).read_bytes(), (corpus_dir / "w3" / name).read_bytes()
         if name == "manifest.json":
