@@ -180,38 +180,37 @@ def encode_chunk(options: EncodeOptions, first_line: int, src_lines: list[bytes]
 
 
 class EncodePool:
-    """Encodes chunks in order, in this process or on ``workers`` processes (``--encoder``).
+    """Encodes chunks in order, in a background thread or on ``workers`` processes (``--encoder``).
 
-    ``threads`` (the default): SentencePiece's own threads encode each chunk, everything else
-    (decoding, filtering, hashing, writing) runs here. ``processes``: forked workers do all of a
-    chunk's work with one thread each, this process reads and writes. ``benchmarks/preprocess.py``
-    compares them: on 2 busy cores threads were 1.07-1.7x faster in wall-clock time and used less
-    CPU per pair (no pickling, one reader); more cores are better used by shards (one process per
-    shard) than by more workers in one process. At most two chunks per worker are in flight:
-    memory stays bounded however fast the text is read.
+    ``threads`` (the default): one background thread encodes a chunk with SentencePiece's own
+    ``workers`` threads (which release the GIL) while this thread reads the next chunk and writes the
+    previous one. ``processes``: forked workers do all of a chunk's work with one thread each, this
+    process reads and writes. ``benchmarks/preprocess.py`` compares them: on 2 busy cores threads
+    were faster in wall-clock time and used less CPU per pair (no pickling); more cores are better
+    used by shards (one process per shard) than by more workers in one process. At most two chunks
+    per executor slot are in flight: memory stays bounded however fast the text is read.
     """
 
     def __init__(self, workers: int, *, kind: str = "threads") -> None:
         self.workers = workers
         self.kind = kind
-        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._executor: concurrent.futures.Executor
         if kind == "processes" and workers > 1:
             # Forked now (the first task forks them all), before this process has any other thread or a lock file open.
             self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
             self._executor.submit(os.getpid).result()
+            self._slots, self._threads_per_chunk = workers, 1
+        else:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="encode")
+            self._slots, self._threads_per_chunk = 1, workers if kind == "threads" else 1
 
     def map(self, options: EncodeOptions, chunks: Iterable[tuple[int, list[bytes], list[bytes]]]) -> Iterator[EncodedChunk]:
-        if self._executor is None:
-            threads = self.workers if self.kind == "threads" else 1
-            options = EncodeOptions(**{**vars(options), "num_threads": threads})
-            for first_line, src_lines, tgt_lines in chunks:
-                yield encode_chunk(options, first_line, src_lines, tgt_lines)
-            return
+        options = EncodeOptions(**{**vars(options), "num_threads": self._threads_per_chunk})
         pending: collections.deque[concurrent.futures.Future[EncodedChunk]] = collections.deque()
         try:
             for first_line, src_lines, tgt_lines in chunks:
                 pending.append(self._executor.submit(encode_chunk, options, first_line, src_lines, tgt_lines))
-                if len(pending) >= 2 * self.workers:
+                if len(pending) >= 2 * self._slots:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
@@ -222,8 +221,7 @@ class EncodePool:
                 future.cancel()
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------- SentencePiece sample
