@@ -1,13 +1,13 @@
 """nmt-preprocess at scale: pairs/s and peak memory (summed PSS of all processes), side by side.
 
-    python benchmarks/preprocess.py --pairs 10M [--workdir /tmp/nmt-bench] [--steps given,processes,dedup,train-gz,sharded,in-memory]
+    python benchmarks/preprocess.py --pairs 10M [--workdir /tmp/nmt-bench] [--steps given,threads,dedup,train-gz,sharded,in-memory]
 
 Builds a synthetic corpus from the bundled Multi30k (training pairs joined 1-3 at a time, both sides
 alike, so it stays parallel) once under --workdir and reuses it. Then runs `nmt-preprocess` as a
 subprocess, sampling the PSS of it and its worker processes every 0.5 s:
 
-- given:     --pairs pairs, plain text, SentencePiece model given, --workers SentencePiece threads
-- processes: the same with --encoder processes (forked worker processes: the other mode)
+- given:     --pairs pairs, plain text, SentencePiece model given, --workers worker processes
+- threads:   the same with --encoder threads (SentencePiece's own threads in one process: the other mode)
 - dedup:     the same as given, with --dedup (a third of the synthetic lines are single Multi30k pairs:
              most of those repeat)
 - train-gz:  --gz-pairs pairs (default 1M), gzip text, SentencePiece trained (reservoir sample)
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/nmt-bench")
-    parser.add_argument("--steps", default="given,processes,dedup,train-gz,sharded,in-memory")
+    parser.add_argument("--steps", default="given,threads,dedup,train-gz,sharded,in-memory")
     parser.add_argument("--keep", action="store_true", help="keep the datasets (data-given is kept always)")
     args = parser.parse_args()
     steps = args.steps.split(",")
@@ -178,19 +178,19 @@ def main() -> None:
     spm_model = os.path.join(model_dir, "spm.model")
 
     plain = os.path.join(args.workdir, f"synthetic-{args.pairs}")
-    if {"given", "processes", "dedup", "sharded"} & set(steps):
+    if {"given", "threads", "dedup", "sharded"} & set(steps):
         build_corpus(plain, args.pairs, compress=False)
     if "given" in steps:
         seconds, cpu, peak, _ = run_measured(
             preprocess_command(plain, os.path.join(args.workdir, "data-given"), "--spm-model", spm_model, "--workers", str(args.workers)), env=env
         )
-        rows.append((f"given model, plain text, 1 process x {args.workers} SentencePiece threads", args.pairs, seconds, cpu, peak))
-    if "processes" in steps:
-        destdir = os.path.join(args.workdir, "data-processes")
+        rows.append((f"given model, plain text, {args.workers} worker processes", args.pairs, seconds, cpu, peak))
+    if "threads" in steps:
+        destdir = os.path.join(args.workdir, "data-threads")
         seconds, cpu, peak, _ = run_measured(
-            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--encoder", "processes"), env=env
+            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--encoder", "threads"), env=env
         )
-        rows.append((f"given model, plain text, {args.workers} worker processes (--encoder processes)", args.pairs, seconds, cpu, peak))
+        rows.append((f"given model, plain text, 1 process x {args.workers} SentencePiece threads (--encoder threads)", args.pairs, seconds, cpu, peak))
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
     if "dedup" in steps:
@@ -200,7 +200,7 @@ def main() -> None:
         )
         with open(os.path.join(destdir, "manifest.json")) as handle:
             duplicates = json.load(handle)["splits"]["train"]["filtered"]["duplicate"]
-        rows.append((f"given model, plain text, {args.workers} SentencePiece threads, --dedup ({duplicates:,} dropped)", args.pairs, seconds, cpu, peak))
+        rows.append((f"given model, plain text, {args.workers} worker processes, --dedup ({duplicates:,} dropped)", args.pairs, seconds, cpu, peak))
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
     if "sharded" in steps:
@@ -248,10 +248,10 @@ def main() -> None:
         "(extrapolated; a lower bound: the synthetic pairs are twice as long)"
     )
     rates = {name: pairs / seconds for name, pairs, seconds, _, _ in rows}
-    processes = [rate for name, rate in rates.items() if "--encoder processes" in name]
-    threads = [rate for name, rate in rates.items() if name.endswith("SentencePiece threads")]
+    processes = [rate for name, rate in rates.items() if name.endswith("worker processes")]
+    threads = [rate for name, rate in rates.items() if "--encoder threads" in name]
     if processes and threads:
-        print(f"SentencePiece threads vs worker processes, wall clock: {threads[0] / processes[0]:.2f}x pairs/s")
+        print(f"worker processes vs SentencePiece threads, wall clock: {processes[0] / threads[0]:.2f}x pairs/s")
 
 
 if __name__ == "__main__":

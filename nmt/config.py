@@ -117,11 +117,11 @@ class PreprocessConfig:
     max_len: int = opt(256, "drop training pairs with a side longer than this (tokens incl. EOS)")
     min_len: int = opt(1, "drop training pairs with a side shorter than this (pieces)")
     max_len_ratio: float = opt(3.0, "drop training pairs whose longer side exceeds this ratio to the shorter")
-    workers: int = opt(0, "encoding threads or processes (0: all cores); the output is identical for any value")
+    workers: int = opt(0, "encoding processes or threads (0: all cores); the output is identical for any value")
     encoder: str = opt(
-        "threads",
-        "threads: SentencePiece's own threads in one process (measured faster on 2 cores); processes: forked workers",
-        choices=("threads", "processes"),
+        "processes",
+        "processes: forked workers, each doing all of a chunk's work (measured faster); threads: SentencePiece's own threads in one process",
+        choices=("processes", "threads"),
     )
     skip_invalid: bool = opt(False, "drop (train) or repair (valid/test) lines that are not UTF-8, and count them")
     overwrite: bool = opt(False, "replace an existing non-empty --destdir")

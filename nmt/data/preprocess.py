@@ -180,18 +180,19 @@ def encode_chunk(options: EncodeOptions, first_line: int, src_lines: list[bytes]
 
 
 class EncodePool:
-    """Encodes chunks in order, in a background thread or on ``workers`` processes (``--encoder``).
+    """Encodes chunks in order, on ``workers`` processes or in a background thread (``--encoder``).
 
-    ``threads`` (the default): one background thread encodes a chunk with SentencePiece's own
-    ``workers`` threads (which release the GIL) while this thread reads the next chunk and writes the
-    previous one. ``processes``: forked workers do all of a chunk's work with one thread each, this
-    process reads and writes. ``benchmarks/preprocess.py`` compares them: on 2 busy cores threads
-    were faster in wall-clock time and used less CPU per pair (no pickling); more cores are better
-    used by shards (one process per shard) than by more workers in one process. At most two chunks
-    per executor slot are in flight: memory stays bounded however fast the text is read.
+    ``processes`` (the default): forked workers do all of a chunk's work (decoding, SentencePiece,
+    filtering, hashing) with one thread each; this process reads and writes. ``threads``: one
+    background thread encodes a chunk with SentencePiece's own ``workers`` threads (they release the
+    GIL) while this thread reads the next chunk and writes the previous one; the rest of a chunk's
+    work stays on one core. ``benchmarks/preprocess.py`` compares them: on 2 cores, 2M pairs,
+    processes were 1.27x and 1.73x faster at load 2-4 (46,800 against 36,800 pairs/s); only on a
+    machine loaded 7-9 were threads faster. At most two chunks per executor slot are in flight:
+    memory stays bounded however fast the text is read.
     """
 
-    def __init__(self, workers: int, *, kind: str = "threads") -> None:
+    def __init__(self, workers: int, *, kind: str = "processes") -> None:
         self.workers = workers
         self.kind = kind
         self._executor: concurrent.futures.Executor
