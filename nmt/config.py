@@ -112,7 +112,7 @@ class PreprocessConfig:
     spm_sample_size: int = opt(
         500_000,
         "sentences SentencePiece is trained on: a uniform sample (reservoir, from --seed) of the training text; "
-        "its training takes ~20 bytes of memory per sampled character",
+        "its training takes ~25 bytes of memory per sampled character",
     )
     max_len: int = opt(256, "drop training pairs with a side longer than this (tokens incl. EOS)")
     min_len: int = opt(1, "drop training pairs with a side shorter than this (pieces)")
