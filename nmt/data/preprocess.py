@@ -30,6 +30,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -215,7 +216,7 @@ class EncodePool:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
-        except concurrent.futures.process.BrokenProcessPool:
+        except BrokenProcessPool:
             raise OSError("an encoding worker process died (killed, or out of memory)") from None
         finally:
             for future in pending:
