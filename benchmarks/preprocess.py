@@ -1,88 +1,257 @@
-"""nmt-preprocess throughput on the bundled Multi30k en-de, 1 vs 2 workers, side by side.
+"""nmt-preprocess at scale: pairs/s and peak memory (summed PSS of all processes), side by side.
 
-    python benchmarks/preprocess.py [--repeats 3]
+    python benchmarks/preprocess.py --pairs 10M [--workdir /tmp/nmt-bench] [--steps given,threads,dedup,train-gz,sharded,in-memory]
 
-Times the whole job (reading, SentencePiece training, encoding, filtering, writing) and the
-encoding stage alone, each the best of --repeats runs.
+Builds a synthetic corpus from the bundled Multi30k (training pairs joined 1-3 at a time, both sides
+alike, so it stays parallel) once under --workdir and reuses it. Then runs `nmt-preprocess` as a
+subprocess, sampling the PSS of it and its worker processes every 0.5 s:
+
+- given:     --pairs pairs, plain text, SentencePiece model given, --workers worker processes
+- threads:   the same with --encoder threads (SentencePiece's own threads in one process: the other mode)
+- dedup:     the same as given, with --dedup (a third of the synthetic lines are single Multi30k pairs:
+             most of those repeat)
+- train-gz:  --gz-pairs pairs (default 1M), gzip text, SentencePiece trained (reservoir sample)
+- sharded:   the `given` corpus in --shards parts under torchrun (one rank per part), as the 1B plan runs it
+- in-memory: what nmt-preprocess did before streaming (as in the issue): every line read and encoded
+             into Python lists before writing (on --in-memory-pairs pairs; its memory grows with them)
+
+fairseq is not a dependency (and 0.12.2 predates Python 3.11), so its figure is the measured reference
+(fairseq-preprocess 0.12.2 on Multi30k text already encoded into pieces, 2 workers: 11.6 s, issue 2)
+extrapolated linearly to --pairs; it excludes SentencePiece encoding, which fairseq leaves to the user.
+
+The dataset written by the `given` step stays at WORKDIR/data-given (lead: the 10M training
+start-up benchmark can open it; `--keep` keeps it).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import gzip
+import json
 import os
-import tempfile
+import resource
+import shutil
+import subprocess
+import sys
+import threading
 import time
 
-from nmt.config import PreprocessConfig
-from nmt.data.preprocess import preprocess
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(ROOT, "data", "multi30k")
-# Measured on this 2-core machine (see issue 2): fairseq-preprocess alone, on text already encoded
-# into pieces, 2 workers. A reference figure, not re-run here (fairseq is not a dependency).
-FAIRSEQ_PREPROCESS_SECONDS = 11.6
+FAIRSEQ_MULTI30K_SECONDS = 11.6  # train + valid + test pairs of Multi30k, measured once (see above)
 
 
-class EncodeTimer(logging.Handler):
-    """Picks the encoding figure out of the pipeline's own log line."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seconds = float("nan")
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("encoded "):
-            self.seconds = float(record.args[1])
+def parse_count(text: str) -> int:
+    scale = {"k": 1_000, "m": 1_000_000, "b": 1_000_000_000}.get(text[-1].lower(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
-def run_once(workers: int, spm_model: str | None, timer: EncodeTimer) -> tuple[float, float, int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[os.path.join(MULTI30K, "train")],
-            validpref=[os.path.join(MULTI30K, "val")],
-            testpref=[os.path.join(MULTI30K, "test_2016_flickr")],
-            destdir=os.path.join(tmp, "data"),
-            workers=workers,
-            spm_model=spm_model,
-        )
-        started = time.perf_counter()
-        manifest, _ = preprocess(cfg)
-        total = time.perf_counter() - started
-        num_sentences = 2 * sum(split.num_lines for split in manifest.splits.values())
-    return total, timer.seconds, num_sentences
+def multi30k_lines(lang: str) -> list[bytes]:
+    with gzip.open(os.path.join(MULTI30K, f"train.{lang}.gz"), "rb") as handle:
+        return handle.read().split(b"\n")[:-1]
+
+
+def build_corpus(prefix: str, num_pairs: int, *, compress: bool, seed: int = 0) -> None:
+    """``prefix.en``/``prefix.de`` (``.gz``): each line joins 1-3 random Multi30k training pairs."""
+    suffix = ".gz" if compress else ""
+    if all(os.path.exists(f"{prefix}.{lang}{suffix}") for lang in ("en", "de")):
+        return
+    src, tgt = multi30k_lines("en"), multi30k_lines("de")
+    rng = np.random.default_rng(seed)
+    opener = (lambda path: gzip.open(path, "wb", compresslevel=6)) if compress else (lambda path: open(path, "wb"))
+    started = time.perf_counter()
+    with opener(f"{prefix}.en{suffix}.tmp") as out_src, opener(f"{prefix}.de{suffix}.tmp") as out_tgt:
+        for start in range(0, num_pairs, 100_000):
+            count = min(100_000, num_pairs - start)
+            sizes = rng.integers(1, 4, size=count)
+            picks = rng.integers(0, len(src), size=int(sizes.sum())).tolist()
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+            for lines, out in ((src, out_src), (tgt, out_tgt)):
+                out.write(b"".join(b" ".join(lines[p] for p in picks[a:b]) + b"\n" for a, b in zip(bounds, bounds[1:])))
+    for lang in ("en", "de"):
+        os.replace(f"{prefix}.{lang}{suffix}.tmp", f"{prefix}.{lang}{suffix}")
+    print(f"built {num_pairs:,} pairs at {prefix}.*{suffix} in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc/PID/task/TID/children (no scan of every process)."""
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    frontier += [int(child) for child in handle.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_measured(command: list[str], *, env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+    """(seconds, CPU seconds, peak summed PSS in GB, stderr) of a command and all its descendants.
+
+    CPU seconds (user + system of the whole tree) do not depend on what else the machine runs:
+    pairs / CPU seconds x cores is the rate the same work reaches on otherwise idle cores."""
+    peak = 0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.5):
+            peak = max(peak, sum(_pss_kb(pid) for pid in _tree(process.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, stderr = process.communicate()
+    elapsed = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    if process.returncode != 0:
+        sys.exit(f"failed ({process.returncode}): {' '.join(command)}\n{stderr[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu, peak * 1024 / 1e9, stderr
+
+
+def preprocess_command(prefix: str, destdir: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "nmt_cli.preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", prefix,
+        "--destdir", destdir, "--overwrite", *extra,
+    ]
+
+
+IN_MEMORY = r"""
+import sys, time, numpy as np
+from nmt.data.spm import SentencePieceModel
+from nmt.data.indexed import IndexedWriter
+prefix, model_path, out = sys.argv[1:4]
+model = SentencePieceModel.load(model_path)
+for lang in ("en", "de"):
+    with open(f"{prefix}.{lang}", "rb") as handle:
+        lines = handle.read().decode("utf-8").split("\n")[:-1]   # every line in memory
+    ids = model.processor.encode(lines, out_type=int, add_eos=True, num_threads=2)  # every sentence as a list of ints
+    lengths = np.array([len(seq) for seq in ids])
+    tokens = np.array([token for seq in ids for token in seq], dtype=np.uint16)
+    writer = IndexedWriter(f"{out}.{lang}", dtype=np.dtype(np.uint16))
+    writer.add_many(tokens, lengths)
+    writer.finish()
+"""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=parse_count, default=parse_count("10M"))
+    parser.add_argument("--gz-pairs", type=parse_count, default=parse_count("1M"))
+    parser.add_argument("--in-memory-pairs", type=parse_count, default=parse_count("1M"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--workdir", default="/tmp/nmt-bench")
+    parser.add_argument("--steps", default="given,threads,dedup,train-gz,sharded,in-memory")
+    parser.add_argument("--keep", action="store_true", help="keep the datasets (data-given is kept always)")
     args = parser.parse_args()
-    timer = EncodeTimer()
-    logging.getLogger("nmt.data.preprocess").addHandler(timer)
-    logging.getLogger("nmt.data.preprocess").setLevel(logging.INFO)
+    steps = args.steps.split(",")
+    os.makedirs(args.workdir, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    rows: list[tuple[str, int, float, float, float]] = []
 
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = os.path.join(tmp, "model")
-        preprocess(PreprocessConfig(source_lang="en", target_lang="de", trainpref=[os.path.join(MULTI30K, "train")], destdir=model_dir))
-        spm_model = os.path.join(model_dir, "spm.model")
-        rows = []
-        for workers in (1, 2):
-            full = min((run_once(workers, None, timer) for _ in range(args.repeats)), key=lambda r: r[0])
-            given = min((run_once(workers, spm_model, timer) for _ in range(args.repeats)), key=lambda r: r[0])
-            rows.append((workers, full, given))
+    # A SentencePiece model trained on Multi30k itself (the "given" model).
+    model_dir = os.path.join(args.workdir, "spm-multi30k")
+    if not os.path.exists(os.path.join(model_dir, "spm.model")):
+        subprocess.run(preprocess_command(os.path.join(MULTI30K, "train"), model_dir), check=True, env=env, capture_output=True)
+    spm_model = os.path.join(model_dir, "spm.model")
 
-    print(f"\nMulti30k en-de, {rows[0][1][2]:,} sentences (both sides, train+valid+test), best of {args.repeats}")
-    print(f"{'workers':>7}  {'whole job (spm train)':>22}  {'sent/s':>9}  {'whole job (given spm)':>22}  {'encode only':>11}  {'encode sent/s':>13}")
-    for workers, (full_s, _, n), (given_s, encode_s, _) in rows:
-        print(f"{workers:>7}  {full_s:>20.2f} s  {n / full_s:>9,.0f}  {given_s:>20.2f} s  {encode_s:>9.3f} s  {n / encode_s:>13,.0f}")
-    (_, full1, _), (_, full2, _) = rows
-    print(f"2 vs 1 workers, whole job: {full1[0] / full2[0]:.2f}x;  encoding: {rows[0][2][1] / rows[1][2][1]:.2f}x")
+    plain = os.path.join(args.workdir, f"synthetic-{args.pairs}")
+    if {"given", "threads", "dedup", "sharded"} & set(steps):
+        build_corpus(plain, args.pairs, compress=False)
+    if "given" in steps:
+        seconds, cpu, peak, _ = run_measured(
+            preprocess_command(plain, os.path.join(args.workdir, "data-given"), "--spm-model", spm_model, "--workers", str(args.workers)), env=env
+        )
+        rows.append((f"given model, plain text, {args.workers} worker processes", args.pairs, seconds, cpu, peak))
+    if "threads" in steps:
+        destdir = os.path.join(args.workdir, "data-threads")
+        seconds, cpu, peak, _ = run_measured(
+            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--encoder", "threads"), env=env
+        )
+        rows.append((f"given model, plain text, 1 process x {args.workers} SentencePiece threads (--encoder threads)", args.pairs, seconds, cpu, peak))
+        if not args.keep:
+            shutil.rmtree(destdir, ignore_errors=True)
+    if "dedup" in steps:
+        destdir = os.path.join(args.workdir, "data-dedup")
+        seconds, cpu, peak, _ = run_measured(
+            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--dedup"), env=env
+        )
+        with open(os.path.join(destdir, "manifest.json")) as handle:
+            duplicates = json.load(handle)["splits"]["train"]["filtered"]["duplicate"]
+        rows.append((f"given model, plain text, {args.workers} worker processes, --dedup ({duplicates:,} dropped)", args.pairs, seconds, cpu, peak))
+        if not args.keep:
+            shutil.rmtree(destdir, ignore_errors=True)
+    if "sharded" in steps:
+        destdir = os.path.join(args.workdir, "data-sharded")
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.shards), "-m",
+            *preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", "1")[2:],
+        ]
+        seconds, cpu, peak, _ = run_measured(command, env={**env, "OMP_NUM_THREADS": "1"})
+        rows.append((f"given model, plain text, torchrun {args.shards} ranks x 1 process (parts)", args.pairs, seconds, cpu, peak))
+        if not args.keep:
+            shutil.rmtree(destdir, ignore_errors=True)
+    if "train-gz" in steps:
+        gz = os.path.join(args.workdir, f"synthetic-{args.gz_pairs}-gz")
+        build_corpus(gz, args.gz_pairs, compress=True, seed=1)
+        destdir = os.path.join(args.workdir, "data-train-gz")
+        seconds, cpu, peak, stderr = run_measured(preprocess_command(gz, destdir, "--workers", str(args.workers)), env=env)
+        trained = [line.split("| ")[-1] for line in stderr.splitlines() if "trained SentencePiece" in line]
+        rows.append((f"SentencePiece trained (default sample), gzip text, {args.workers} workers", args.gz_pairs, seconds, cpu, peak))
+        print(*trained, sep="\n")
+        if not args.keep:
+            shutil.rmtree(destdir, ignore_errors=True)
+    if "in-memory" in steps:
+        small = os.path.join(args.workdir, f"synthetic-{args.in_memory_pairs}")
+        build_corpus(small, args.in_memory_pairs, compress=False)
+        out = os.path.join(args.workdir, "in-memory")
+        seconds, cpu, peak, _ = run_measured([sys.executable, "-c", IN_MEMORY, small, spm_model, out], env=env)
+        rows.append(("in memory (nmt-preprocess before streaming), 2 threads", args.in_memory_pairs, seconds, cpu, peak))
+        for lang in ("en", "de"):
+            for ext in (".bin", ".idx"):
+                os.remove(f"{out}.{lang}{ext}")
+
+    load = os.getloadavg()
+    print(f"\nnmt-preprocess at scale (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores)")
+    cores = os.cpu_count() or 1
+    print(f"{'step':<78} {'pairs':>12} {'seconds':>8} {'pairs/s':>9} {'CPU s':>8} {'pairs/CPU-s':>11} {'peak PSS':>9}")
+    for name, pairs, seconds, cpu, peak in rows:
+        print(f"{name:<78} {pairs:>12,} {seconds:>8.1f} {pairs / seconds:>9,.0f} {cpu:>8.1f} {pairs / cpu:>11,.0f} {peak:>7.2f} GB")
+    print(f"(pairs/CPU-s x {cores} cores bounds the wall-clock rate on otherwise idle cores)")
+    multi30k_pairs = sum(len(gzip.open(os.path.join(MULTI30K, f"{name}.en.gz")).read().split(b"\n")) - 1 for name in ("train", "val", "test_2016_flickr"))
+    fairseq_rate = multi30k_pairs / FAIRSEQ_MULTI30K_SECONDS
     print(
-        f"fairseq-preprocess reference (pre-encoded text, 2 workers): {FAIRSEQ_PREPROCESS_SECONDS} s -> "
-        f"nmt-preprocess with SentencePiece training is {FAIRSEQ_PREPROCESS_SECONDS / full2[0]:.1f}x faster"
+        f"fairseq-preprocess reference: {fairseq_rate:,.0f} pairs/s on pre-encoded text ({multi30k_pairs:,} pairs in "
+        f"{FAIRSEQ_MULTI30K_SECONDS} s), so {args.pairs:,} pairs would take ~{args.pairs / fairseq_rate / 3600:.1f} h "
+        "(extrapolated; a lower bound: the synthetic pairs are twice as long)"
     )
+    rates = {name: pairs / seconds for name, pairs, seconds, _, _ in rows}
+    processes = [rate for name, rate in rates.items() if name.endswith("worker processes")]
+    threads = [rate for name, rate in rates.items() if "--encoder threads" in name]
+    if processes and threads:
+        print(f"worker processes vs SentencePiece threads, wall clock: {processes[0] / threads[0]:.2f}x pairs/s")
 
 
 if __name__ == "__main__":

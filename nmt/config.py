@@ -102,7 +102,9 @@ class PreprocessConfig:
     target_lang: str = opt(help="target language suffix of the text files", aliases=("-t",))
     destdir: str = opt(help="output directory of the dataset")
     trainpref: list[str] = opt(
-        default_factory=list, required=True, help="P reads P.SRC/P.TGT (or .gz); comma-separate or repeat for several corpora"
+        default_factory=list,
+        required=True,
+        help="P reads P.SRC/P.TGT (or .gz, .xz, .zst); comma-separate or repeat for several corpora",
     )
     validpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
     testpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
@@ -111,14 +113,29 @@ class PreprocessConfig:
     spm_model_type: str = opt("unigram", "SentencePiece algorithm", choices=("unigram", "bpe"))
     separate_vocab: bool = opt(False, "one SentencePiece model per language")
     spm_character_coverage: float = opt(1.0, "SentencePiece character coverage")
-    spm_sample_size: int = opt(1_000_000, "max sentences used to train SentencePiece")
+    spm_sample_size: int = opt(
+        500_000,
+        "sentences SentencePiece is trained on: a uniform sample (reservoir, from --seed) of the training text; "
+        "its training takes ~25 bytes of memory per sampled character",
+    )
     max_len: int = opt(256, "drop training pairs with a side longer than this (tokens incl. EOS)")
     min_len: int = opt(1, "drop training pairs with a side shorter than this (pieces)")
     max_len_ratio: float = opt(3.0, "drop training pairs whose longer side exceeds this ratio to the shorter")
-    workers: int = opt(0, "threads for SentencePiece (0: all cores); output is identical for any value")
+    workers: int = opt(0, "encoding processes or threads (0: all cores); the output is identical for any value")
+    encoder: str = opt(
+        "processes",
+        "processes: forked workers, each doing all of a chunk's work (measured faster); threads: SentencePiece's own threads in one process",
+        choices=("processes", "threads"),
+    )
     skip_invalid: bool = opt(False, "drop (train) or repair (valid/test) lines that are not UTF-8, and count them")
     overwrite: bool = opt(False, "replace an existing non-empty --destdir")
     seed: int = opt(1, "seed of the SentencePiece training sample")
+    dedup: bool = opt(False, "drop training pairs that repeat an earlier pair exactly (64-bit hashes; counted)")
+    num_shards: int = opt(
+        1, "encode the training text in this many parts, one per run (under torchrun: one per rank, set by itself)"
+    )
+    shard_id: int = opt(0, "which part this run encodes, 0 <= --shard-id < --num-shards")
+    merge_parts: bool = opt(False, "once the last part is done, concatenate the parts into one file per split and side")
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -138,6 +155,8 @@ class PreprocessConfig:
         _require(self.max_len >= max(1, self.min_len), "max_len", f"must be >= --min-len and >= 1, got {self.max_len}")
         _require(self.max_len_ratio >= 1.0, "max_len_ratio", f"must be >= 1, got {self.max_len_ratio}")
         _require(self.workers >= 0, "workers", f"must be >= 0, got {self.workers}")
+        _require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
+        _require(0 <= self.shard_id < self.num_shards, "shard_id", f"must be in [0, --num-shards={self.num_shards}), got {self.shard_id}")
         _require(
             not (self.separate_vocab and self.spm_model),
             "separate_vocab",
@@ -282,6 +301,7 @@ class DataConfig:
         "--train-subsets entry, comma-separated); or model:CHECKPOINT (each pair scored by that model's loss)",
     )
     num_workers: int = opt(0, "data-loading worker processes")
+    verify_data: bool = opt(False, "check every dataset file against the manifest's SHA-256 sums before training")
     batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def __post_init__(self) -> None:

@@ -4,13 +4,15 @@ Every file the toolkit writes for later runs (checkpoints, manifests, blend cach
 goes through ``atomic_write``: a temporary sibling, flushed and fsynced, renamed over the target,
 then the directory fsynced so the rename itself survives a power cut. A kill or a full disk at any
 moment leaves either the old file or the new one, never a torn one, and no temporary behind
-(except after kill -9, which ``remove_stale_temporaries`` sweeps up at the next start).
+(except after kill -9, which ``remove_stale_temporaries`` sweeps up at the next start, under the
+directory's lock).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 from collections.abc import Iterator
@@ -55,16 +57,35 @@ def atomic_write(path: str, mode: str = "wb", *, tag: str = "", **open_kwargs: A
     fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
-class FileError(OSError):
-    """An OSError whose text is the whole message (the path and the cause), without "[Errno N]"."""
+class DescribedOSError(OSError):
+    """An OSError whose message names the path and the cause in words; ``str()`` is that message alone."""
 
     def __str__(self) -> str:
         return str(self.strerror)
 
 
+def open_for_writing(path: str) -> IO[bytes]:
+    """``open(path, "wb")`` whose failure names the path (``describe_os_error``)."""
+    try:
+        return open(path, "wb")
+    except OSError as error:
+        raise describe_os_error(error, path) from None
+
+
+def write_all(handle: IO[bytes], data: Any) -> None:
+    """``handle.write(data)`` whose failure (a full disk...) names the file being written."""
+    try:
+        handle.write(data)
+    except OSError as error:
+        raise describe_os_error(error, handle.name) from None
+
+
 def describe_os_error(error: OSError, path: str | None = None) -> OSError:
-    """The same error with a message a user can act on: the path, and "disk full" for ENOSPC/EDQUOT."""
-    if isinstance(error, FileError):
+    """The same error with a message a user can act on: the path, and "disk full" for ENOSPC/EDQUOT.
+
+    Describing a described error again returns it unchanged (the innermost path is the precise one).
+    """
+    if isinstance(error, DescribedOSError):
         return error
     where = path or error.filename or "?"
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -75,82 +96,73 @@ def describe_os_error(error: OSError, path: str | None = None) -> OSError:
         message = f"{where}: cannot write here ({os.strerror(error.errno)})"
     else:
         message = f"{where}: {error.strerror or error}"
-    return FileError(error.errno, message)
+    described = DescribedOSError(error.errno, message)
+    described.filename = where
+    return described
 
 
 def remove_stale_temporaries(directory: str) -> list[str]:
-    """Delete temporaries (``.NAME.tmp-PID``) in ``directory`` whose writer process is gone."""
+    """Delete the temporaries (``.NAME.tmp-PID``) left in ``directory`` by writers that were killed.
+
+    Call it holding the directory's lock (``exclusive_lock``): then no writer of this directory is
+    alive, on this machine or another one sharing the file system, so every temporary is stale (a
+    PID says nothing about a process of another machine).
+    """
     removed = []
     with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(directory):
-            match = _TEMPORARY.match(name)
-            if match and not _process_alive(int(match.group(1))):
+        for name in sorted(os.listdir(directory)):
+            if _TEMPORARY.match(name):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(directory, name))
                     removed.append(name)
     return removed
 
 
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def lock_path_beside(directory: str) -> str:
+    """The lock file of a directory that gets replaced whole (a dataset): a hidden sibling."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    return os.path.join(parent, f".{name}.lock")
 
 
-class DirectoryLock:
-    """An exclusive lock on a directory for one run at a time (``fcntl.flock`` on a lock file inside).
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str, *, what: str, shared: bool = False, wait: bool = False) -> Iterator[None]:
+    """Hold ``fcntl.flock`` on ``lock_path`` for the ``with`` block; the file records the holder's PID.
 
-    The kernel drops the lock when the holder exits, however it exits, so a crashed run never
-    leaves a directory stuck; the file keeps the holder's PID, host and start time for the message
-    the next run gets.
+    The kernel drops the lock when its process dies, so a crashed run never leaves it stuck. Taken
+    already: ValueError naming ``what`` (the directory) and the holder's PID, unless ``wait``.
+    ``shared``: many holders, no exclusive one (the parts of one sharded dataset share its directory).
+    The last holder removes the file; a locker that finds its file replaced meanwhile starts over.
     """
+    fd = _acquire(lock_path, what=what, shared=shared, wait=wait)
+    try:
+        if not shared:
+            os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the last holder (exclusive now) takes the file away
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.remove(lock_path)
+        os.close(fd)  # closing the descriptor releases the lock
 
-    NAME = ".nmt.lock"
 
-    def __init__(self, directory: str, *, purpose: str) -> None:
-        self.directory = directory
-        self.purpose = purpose
-        self.path = os.path.join(directory, self.NAME)
-        self._handle: IO[str] | None = None
-
-    def acquire(self) -> None:
-        """ValueError naming the directory and the holder when another process has it."""
-        import fcntl
-        import socket
-        import time
-
-        os.makedirs(self.directory, exist_ok=True)
-        handle = open(self.path, "a+", encoding="utf-8")
+def _acquire(lock_path: str, *, what: str, shared: bool, wait: bool) -> int:
+    while True:
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise describe_os_error(error, what) from None
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").split() or ["unknown"]
+            os.close(fd)
             raise ValueError(
-                f"{self.directory}: in use by another {self.purpose} ({holder}); "
-                "wait for it to finish or use another directory"
+                f"{what}: in use by another run (PID {holder[0]}); wait for it to finish or choose another directory"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
-        self._handle = handle
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()  # closing the file drops the lock
-            self._handle = None
-
-    def __enter__(self) -> DirectoryLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+        try:
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # locked a file its last holder had just removed: lock the new one

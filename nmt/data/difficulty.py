@@ -110,8 +110,9 @@ def _cache_key(checkpoint: str, corpora: Sequence[ParallelCorpus], manifest: Man
         raise ValueError(f"--curriculum model:{checkpoint}: cannot read the checkpoint ({error.strerror})") from None
     for corpus in corpora:
         digest.update(corpus.split.encode())
-        for side in (corpus.entry.src, corpus.entry.tgt):
-            digest.update(manifest.checksums.get(side.prefix + ".bin", side.prefix).encode())
+        for part in corpus.entry.parts:
+            for side in (part.src, part.tgt):
+                digest.update(manifest.checksums.get(side.prefix + ".bin", side.prefix).encode())
     return digest.hexdigest()[:20]
 
 

@@ -11,10 +11,13 @@ All integers little-endian. Both files are memory-mapped on reading.
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 from typing import BinaryIO
 
 import numpy as np
+
+from nmt.fileio import describe_os_error, open_for_writing, write_all
 
 FORMAT_VERSION = 1
 HEADER_BYTES = 32
@@ -54,41 +57,57 @@ def _fsync_close(handle: BinaryIO) -> None:
 
 
 class IndexedWriter:
-    """Appends sequences to ``PREFIX.bin``/``PREFIX.idx``; headers carry the counts once finished."""
+    """Appends sequences to ``PREFIX.bin``/``PREFIX.idx`` as they come; memory does not grow with them.
+
+    Tokens go to the ``.bin`` and offsets to the ``.idx`` at once; lengths wait in a temporary file
+    (they follow all offsets in the index) and are appended by ``finish``, which also writes the
+    counts into both headers. A failed write names its file (``describe_os_error``: "disk full").
+    """
 
     def __init__(self, prefix: str, *, dtype: np.dtype) -> None:
         self.prefix = prefix
         self.dtype = np.dtype(dtype).newbyteorder("<")
         if self.dtype not in _CODE_OF:
             raise ValueError(f"unsupported token dtype {dtype}")
-        self._bin = open(prefix + ".bin", "wb")
-        self._bin.write(_pack_header(BIN_MAGIC, self.dtype, 0))
-        self._lengths: list[np.ndarray] = []
+        self.num_sequences = 0
+        self.num_tokens = 0
+        self.max_token_id = -1
+        self._lengths_path = prefix + ".lengths.tmp"
+        self._bin = open_for_writing(prefix + ".bin")
+        self._idx = open_for_writing(prefix + ".idx")
+        self._lengths = open_for_writing(self._lengths_path)
+        write_all(self._bin, _pack_header(BIN_MAGIC, self.dtype, 0))
+        write_all(self._idx, _pack_header(IDX_MAGIC, self.dtype, 0) + np.zeros(1, dtype="<i8").tobytes())
 
     def add_many(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append ``len(lengths)`` sequences stored back to back in ``tokens``."""
+        lengths = np.asarray(lengths, dtype=np.int64)
         assert int(lengths.sum()) == tokens.shape[0], "lengths must cover tokens exactly"
-        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
-        self._lengths.append(np.asarray(lengths, dtype=np.int64))
-
-    def finish(self) -> int:
-        """Write the index, fix the token count in the header, fsync both; returns the token count."""
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
         if lengths.size and lengths.max() > np.iinfo(np.int32).max:
             raise ValueError(f"{self.prefix}: a sequence longer than 2^31 tokens")
-        offsets = np.zeros(lengths.shape[0] + 1, dtype="<i8")
-        np.cumsum(lengths, out=offsets[1:])
-        num_tokens = int(offsets[-1])
-        self._bin.seek(0)
-        self._bin.write(_pack_header(BIN_MAGIC, self.dtype, num_tokens))
-        _fsync_close(self._bin)
-        with open(self.prefix + ".idx", "wb") as idx:
-            idx.write(_pack_header(IDX_MAGIC, self.dtype, lengths.shape[0]))
-            idx.write(offsets.tobytes())
-            idx.write(lengths.astype("<i4").tobytes())
-            _fsync_close(idx)
-        return num_tokens
+        if tokens.size:
+            self.max_token_id = max(self.max_token_id, int(tokens.max()))
+        offsets = self.num_tokens + np.cumsum(lengths)
+        write_all(self._bin, np.ascontiguousarray(tokens, dtype=self.dtype).data)
+        write_all(self._idx, offsets.astype("<i8").data)
+        write_all(self._lengths, lengths.astype("<i4").data)
+        self.num_tokens += int(tokens.shape[0])
+        self.num_sequences += int(lengths.shape[0])
 
+    def finish(self) -> int:
+        """Append the lengths to the index, write both headers, fsync; returns the token count."""
+        try:
+            _fsync_close(self._lengths)
+            with open(self._lengths_path, "rb") as lengths:
+                shutil.copyfileobj(lengths, self._idx, 1 << 20)
+            os.remove(self._lengths_path)
+            for handle, magic, count in ((self._bin, BIN_MAGIC, self.num_tokens), (self._idx, IDX_MAGIC, self.num_sequences)):
+                handle.seek(0)
+                handle.write(_pack_header(magic, self.dtype, count))
+                _fsync_close(handle)
+        except OSError as error:
+            raise describe_os_error(error, error.filename or self.prefix + ".idx") from None
+        return self.num_tokens
 
 class IndexedDataset:
     """Memory-mapped reader: ``ds[i]`` is sequence i (a read-only view), ``ds.lengths`` all lengths."""
@@ -128,3 +147,23 @@ class IndexedDataset:
     @property
     def num_tokens(self) -> int:
         return self.tokens.shape[0]
+
+
+def scan_token_ids(dataset: IndexedDataset, *, limit: int, block_tokens: int = 1 << 24) -> tuple[int, int]:
+    """(largest id or -1 when empty, position of the first id >= ``limit`` or -1), in one pass.
+
+    Read in blocks with ``readinto``, not through the memory map: a map touched end to end would
+    count the whole file in this process's resident memory; a reused buffer keeps it at one block.
+    """
+    buffer = np.empty(min(block_tokens, max(dataset.num_tokens, 1)), dtype=dataset.dtype)
+    largest, first_over, position = -1, -1, 0
+    with open(dataset.prefix + ".bin", "rb") as handle:
+        handle.seek(HEADER_BYTES)
+        while count := handle.readinto(buffer.data) // dataset.dtype.itemsize:
+            block = buffer[:count]
+            block_max = int(block.max())
+            if block_max >= limit and first_over < 0:
+                first_over = position + int(np.argmax(block >= limit))
+            largest = max(largest, block_max)
+            position += count
+    return largest, first_over

@@ -1,28 +1,45 @@
 """The dataset manifest (``manifest.json``), read once per run into typed, checked entries.
 
 A dataset directory is self-contained: every path in the manifest is relative to the directory, so
-a moved or copied dataset still opens. A manifest with a missing or mistyped entry is reported as
-one line naming the file and the entry, never as a KeyError deep in training.
+a moved or copied dataset still opens, and valid/test splits carry their raw reference text
+(compressed) inside it. A manifest with a missing or mistyped entry is reported as one line naming
+the file and the entry, never as a KeyError deep in training.
+
+A split is a list of parts (one, unless it was preprocessed in shards): part k holds the raw lines
+``[first_line, first_line + num_lines)`` and is read as if the parts were one file.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: splits in parts, references, token-id maxima; version 1 is still read
 
 
 @dataclass(frozen=True)
 class SideEntry:
-    """One side (source or target) of a split: ``prefix.bin`` / ``prefix.idx``."""
+    """One side (source or target) of a part: ``prefix.bin`` / ``prefix.idx``."""
 
     prefix: str
     num_tokens: int
     token_dtype: str
+    max_token_id: int | None = None  # the largest id written (None: a version-1 manifest)
+
+
+@dataclass(frozen=True)
+class PartEntry:
+    src: SideEntry
+    tgt: SideEntry
+    num_lines: int  # raw lines this part was made from
+    num_samples: int  # pairs kept
+    first_line: int = 0  # 0-based raw line of the part's first line
+    line_numbers: str | None = None  # .npy with the raw line of each kept pair (train splits)
 
 
 @dataclass(frozen=True)
@@ -31,12 +48,11 @@ class SplitEntry:
     role: str  # train | valid | test
     num_lines: int  # lines of the raw text
     num_samples: int  # pairs kept
-    src: SideEntry
-    tgt: SideEntry
-    line_numbers: str | None = None  # .npy with the raw line of each kept pair (train splits)
+    parts: tuple[PartEntry, ...]
     input_prefix: str | None = None  # where the raw text was read from (informative only)
-    filtered: dict[str, int] = field(default_factory=dict)
+    filtered: dict[str, int] = field(default_factory=dict)  # pairs dropped, by reason (dedup: "duplicate")
     replaced_invalid_utf8: int = 0
+    reference: str | None = None  # the raw target text, gzip-compressed, inside the dataset (valid/test)
 
 
 @dataclass(frozen=True)
@@ -87,8 +103,8 @@ class Manifest:
     def from_json(cls, values: dict[str, Any], *, directory: str, source: str = MANIFEST_NAME) -> Manifest:
         reader = _Reader(source)
         version = reader.get(values, "manifest_version", int)
-        if version != MANIFEST_VERSION:
-            raise ValueError(f"{source}: manifest version {version}, this nmt reads version {MANIFEST_VERSION}")
+        if version not in (1, MANIFEST_VERSION):
+            raise ValueError(f"{source}: manifest version {version}, this nmt reads versions 1 and {MANIFEST_VERSION}")
         spm = reader.get(values, "spm", dict)
         splits = reader.get(values, "splits", dict)
         return cls(
@@ -120,7 +136,7 @@ class Manifest:
 
 def _split_json(entry: SplitEntry) -> dict[str, Any]:
     values = {key: value for key, value in vars(entry).items() if key != "name"}
-    values["src"], values["tgt"] = vars(entry.src).copy(), vars(entry.tgt).copy()
+    values["parts"] = [{**vars(part), "src": vars(part.src).copy(), "tgt": vars(part.tgt).copy()} for part in entry.parts]
     return values
 
 
@@ -144,21 +160,38 @@ class _Reader:
             prefix=self.get(values, "prefix", str, where=where),
             num_tokens=self.get(values, "num_tokens", int, where=where),
             token_dtype=self.get(values, "token_dtype", str, where=where),
+            max_token_id=values.get("max_token_id"),
+        )
+
+    def part(self, values: Any, where: str) -> PartEntry:
+        return PartEntry(
+            src=self.side(self.get(values, "src", dict, where=where), f"{where}.src"),
+            tgt=self.side(self.get(values, "tgt", dict, where=where), f"{where}.tgt"),
+            num_lines=self.get(values, "num_lines", int, where=where),
+            num_samples=self.get(values, "num_samples", int, where=where),
+            first_line=values.get("first_line", 0),
+            line_numbers=values.get("line_numbers"),
         )
 
     def split(self, name: str, values: Any) -> SplitEntry:
         where = f"splits.{name}"
+        if isinstance(values, dict) and "parts" not in values and "src" in values:  # version 1: one part
+            parts = (self.part(values, where),)
+        else:
+            parts = tuple(self.part(part, f"{where}.parts.{k}") for k, part in enumerate(self.get(values, "parts", list, where=where)))
+        num_samples = self.get(values, "num_samples", int, where=where)
+        if sum(part.num_samples for part in parts) != num_samples:
+            raise ValueError(f"{self.source}: {where}: parts hold {sum(p.num_samples for p in parts)} samples, the split says {num_samples}")
         return SplitEntry(
             name=name,
             role=self.get(values, "role", str, where=where),
             num_lines=self.get(values, "num_lines", int, where=where),
-            num_samples=self.get(values, "num_samples", int, where=where),
-            src=self.side(self.get(values, "src", dict, where=where), f"{where}.src"),
-            tgt=self.side(self.get(values, "tgt", dict, where=where), f"{where}.tgt"),
-            line_numbers=values.get("line_numbers"),
+            num_samples=num_samples,
+            parts=parts,
             input_prefix=values.get("input_prefix"),
             filtered=values.get("filtered", {}),
             replaced_invalid_utf8=values.get("replaced_invalid_utf8", 0),
+            reference=values.get("reference"),
         )
 
 
@@ -172,3 +205,40 @@ def load_manifest(data_dir: str) -> Manifest:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: cannot read manifest: {error}") from None
     return Manifest.from_json(values, directory=data_dir, source=path)
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def sha256_files(directory: str, names: list[str], *, num_threads: int = 0) -> dict[str, str]:
+    """SHA-256 of each file, on threads (hashlib releases the GIL on large blocks)."""
+    workers = num_threads or min(len(names), os.cpu_count() or 1) or 1
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        sums = pool.map(lambda name: sha256_file(os.path.join(directory, name)), names)
+        return dict(zip(names, sums))
+
+
+def verify_checksums(manifest: Manifest, *, num_threads: int = 0) -> None:
+    """Check every file the manifest lists against its SHA-256 (``nmt-train --verify-data``).
+
+    Raises ValueError naming the first file that is missing or differs; reads every byte of the
+    dataset (a few seconds per GB on threads).
+    """
+    if not manifest.checksums:
+        raise ValueError(f"{manifest.path(MANIFEST_NAME)}: lists no checksums to verify")
+    names = sorted(manifest.checksums)
+    for name in names:
+        if not os.path.isfile(manifest.path(name)):
+            raise ValueError(f"{manifest.path(name)}: missing (listed in {MANIFEST_NAME})")
+    found = sha256_files(manifest.directory, names, num_threads=num_threads)
+    for name in names:
+        if found[name] != manifest.checksums[name]:
+            raise ValueError(
+                f"{manifest.path(name)}: SHA-256 differs from {MANIFEST_NAME} (the file changed or was corrupted "
+                "after preprocessing; preprocess again or restore it)"
+            )

@@ -40,7 +40,7 @@ from nmt.data.blend import BlendedCorpus, BlendedEpochs, weights_from_temperatur
 from nmt.data.collate import collate
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.difficulty import DifficultyScorer, corpus_difficulty
-from nmt.data.manifest import Manifest, load_manifest
+from nmt.data.manifest import Manifest, load_manifest, verify_checksums
 from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
 from nmt.data.spm import BOS_ID, PAD_ID
@@ -106,6 +106,19 @@ def truncate(tokens: np.ndarray, limit: int) -> np.ndarray:
     return tokens if tokens.shape[0] <= limit else np.concatenate([tokens[: limit - 1], tokens[-1:]])
 
 
+def verify_dataset(manifest: Manifest, *, rank: int) -> None:
+    """--verify-data: every byte of the dataset against its SHA-256; rank 0 reads, every rank stops."""
+    problem = None
+    if rank == 0:
+        try:
+            verify_checksums(manifest)
+        except ValueError as error:
+            problem = str(error)
+    problem = dist.broadcast_object(problem)
+    if problem is not None:
+        raise ValueError(f"--verify-data: {problem}")
+
+
 class TrainingDataPlan:
     def __init__(
         self,
@@ -132,6 +145,8 @@ class TrainingDataPlan:
                 raise ValueError(
                     f"{option} {asked}: {cfg.data_dir} holds {self.manifest.source_lang}-{self.manifest.target_lang} data"
                 )
+        if cfg.verify_data:
+            verify_dataset(self.manifest, rank=rank)
         self.corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
         self.valid = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)

@@ -7,6 +7,7 @@ reads BOS + target[:-1] (built at collate time), so BOS is never stored on disk.
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -26,27 +27,38 @@ def train_model(
     model_type: str,
     character_coverage: float,
     num_threads: int,
+    label: str = "the training sample",
 ) -> bytes:
     """Train a SentencePiece model on ``sentences`` and return its serialized proto.
 
     ``hard_vocab_limit=False`` lets a small corpus yield a smaller vocabulary instead of failing;
-    the real size is read back from the model and recorded.
+    the real size is read back from the model and recorded. SentencePiece's own errors (degenerate
+    text) become one ``ValueError`` naming ``label``.
     """
     model = io.BytesIO()
-    sentencepiece_lib.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        pad_id=PAD_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        unk_id=UNK_ID,
-        hard_vocab_limit=False,
-        num_threads=num_threads,
-        minloglevel=2,
-    )
+    try:
+        sentencepiece_lib.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            hard_vocab_limit=False,
+            num_threads=num_threads,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        # e.g. "Internal: src/trainer_interface.cc(...) [!sentences_.empty()]" when every sentence is
+        # longer than SentencePiece's limit (4,192 bytes) or the text has too few distinct characters.
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"SentencePiece training failed on {label}: {reason} (it skips sentences over 4,192 bytes "
+            "and needs ordinary text: check the training files)"
+        ) from None
     return model.getvalue()
 
 
@@ -86,6 +98,17 @@ class SentencePieceModel:
         """Piece ids without EOS. Threads are SentencePiece's own, so output is thread-count independent."""
         return self.processor.encode(list(lines), out_type=int, num_threads=num_threads)
 
+    def encode_with_eos(self, lines: Sequence[str], *, dtype: np.dtype, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The stored form: ``(tokens, lengths)``, each sentence's ids followed by EOS, back to back.
+
+        SentencePiece appends the EOS itself (``add_eos``), so the ids go from its lists into one
+        array in a single C-level pass.
+        """
+        ids = self.processor.encode(list(lines), out_type=int, add_eos=True, num_threads=num_threads)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+        return tokens, lengths
+
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Text from ids; special ids (pad/bos/eos) are dropped."""
         special = (PAD_ID, BOS_ID, EOS_ID)
@@ -95,18 +118,3 @@ class SentencePieceModel:
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits, else uint32: half the disk and page cache for usual vocabularies."""
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
-
-
-def ids_with_eos(ids: list[list[int]], *, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Flatten encoded sentences, appending EOS to each: (tokens, lengths incl. EOS)."""
-    piece_counts = np.fromiter((len(seq) for seq in ids), dtype=np.int64, count=len(ids))
-    lengths = piece_counts + 1
-    tokens = np.empty(int(lengths.sum()), dtype=dtype)
-    eos_positions = np.cumsum(lengths) - 1
-    is_piece = np.ones(tokens.shape[0], dtype=bool)
-    is_piece[eos_positions] = False
-    tokens[is_piece] = np.fromiter(
-        (token for seq in ids for token in seq), dtype=np.int64, count=int(piece_counts.sum())
-    )
-    tokens[eos_positions] = EOS_ID
-    return tokens, lengths

@@ -1,15 +1,23 @@
-"""Reading raw parallel text: one sentence per line, split on ``\\n`` only.
+"""Reading raw parallel text: one sentence per line, split on ``\\n`` only, streamed in blocks.
 
 Text in the wild carries ``\\r``, form feeds, ``\\x85``, U+2028 and friends *inside* sentences;
 ``str.splitlines`` would break on those and silently misalign source and target. Here a line ends
-at ``\\n`` and nowhere else; a trailing ``\\r`` (Windows line ending) is removed.
+at ``\\n`` and nowhere else; a trailing ``\\r`` (Windows line ending) is removed. Files may be plain
+or compressed (``.gz``, ``.xz``, ``.zst``); they are read a block at a time, so memory does not
+grow with the file.
 """
 
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
+
+READ_BLOCK_BYTES = 1 << 20
+COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst")
 
 
 class DataError(ValueError):
@@ -17,43 +25,213 @@ class DataError(ValueError):
 
 
 def resolve_text_file(prefix: str, lang: str) -> str:
-    """``PREFIX.LANG`` or ``PREFIX.LANG.gz``; a clear error when neither exists."""
+    """``PREFIX.LANG`` or its compressed form (``.gz``, ``.xz``, ``.zst``); a clear error when none exists."""
     plain = f"{prefix}.{lang}"
-    for candidate in (plain, plain + ".gz"):
+    for candidate in (plain, *(plain + suffix for suffix in COMPRESSED_SUFFIXES)):
         if os.path.isfile(candidate):
             return candidate
-    raise DataError(f"{plain}: no such file (also tried {plain}.gz)")
+    raise DataError(f"{plain}: no such file (also tried {', '.join(plain + s for s in COMPRESSED_SUFFIXES)})")
+
+
+def open_binary(path: str) -> BinaryIO:
+    """The decompressed bytes of ``path``, by its suffix."""
+    try:
+        if path.endswith(".gz"):
+            return gzip.open(path, "rb")  # type: ignore[return-value]
+        if path.endswith(".xz"):
+            return lzma.open(path, "rb")  # type: ignore[return-value]
+        if path.endswith(".zst"):
+            import zstandard
+
+            raw = open(path, "rb")
+            return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)  # type: ignore[return-value]
+        return open(path, "rb")
+    except OSError as error:
+        raise DataError(f"{path}: cannot read: {error.strerror or error}") from None
+
+
+class LineReader:
+    """The lines of one text file as bytes (line endings removed), a block at a time.
+
+    ``read(n)`` returns up to ``n`` lines (fewer only at the end); ``skip(n)`` passes over lines
+    without splitting them; ``count_rest()`` counts what is left. ``line_number`` is the number of
+    lines consumed so far. A final newline ends the last line; it does not start an empty one.
+    """
+
+    def __init__(self, path: str, *, block_bytes: int = READ_BLOCK_BYTES) -> None:
+        self.path = path
+        self.block_bytes = block_bytes
+        self.line_number = 0
+        self._handle = open_binary(path)
+        self._lines: list[bytes] = []
+        self._next = 0  # first unconsumed entry of _lines
+        self._partial = b""  # an unfinished line carried into the next block
+        self._eof = False
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> LineReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read_block(self) -> bytes:
+        try:
+            return self._handle.read(self.block_bytes)
+        except (OSError, EOFError, lzma.LZMAError) as error:
+            raise DataError(f"{self.path}: cannot read (line {self.line_number + 1}): {error}") from None
+        except Exception as error:  # zstandard.ZstdError and friends: a corrupt compressed stream
+            raise DataError(f"{self.path}: cannot read (line {self.line_number + 1}): {error}") from None
+
+    def _fill(self) -> bool:
+        """Split the next block into lines; False at the end of the file."""
+        if self._eof:
+            return False
+        block = self._read_block()
+        if not block:
+            self._eof = True
+            if not self._partial:
+                return False
+            last = self._partial[:-1] if self._partial.endswith(b"\r") else self._partial
+            self._lines, self._next, self._partial = [last], 0, b""
+            return True
+        # "\r\n" -> "\n" removes exactly the one \r that ends a line, in C; an unfinished line that
+        # ends in \r is completed (and its \r removed) with the next block.
+        data = (self._partial + block).replace(b"\r\n", b"\n")
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        self._lines, self._next = lines, 0
+        return True
+
+    def read(self, count: int) -> list[bytes]:
+        out: list[bytes] = []
+        while len(out) < count:
+            if self._next >= len(self._lines) and not self._fill():
+                break
+            take = self._lines[self._next : self._next + count - len(out)]
+            self._next += len(take)
+            out.extend(take)
+        self.line_number += len(out)
+        return out
+
+    def skip(self, count: int) -> int:
+        """Pass over up to ``count`` lines; returns how many there were."""
+        skipped = min(count, len(self._lines) - self._next)
+        self._next += skipped
+        while skipped < count and not self._eof:
+            block = self._read_block()
+            if not block:
+                self._eof = True
+                if self._partial:
+                    self._partial = b""
+                    skipped += 1
+                break
+            data = self._partial + block
+            newlines = data.count(b"\n")
+            if skipped + newlines <= count:
+                skipped += newlines
+                self._partial = data[data.rfind(b"\n") + 1 :] if newlines else data
+                continue
+            # The wanted line starts inside this block: split from there on.
+            position = -1
+            for _ in range(count - skipped):
+                position = data.index(b"\n", position + 1)
+            skipped = count
+            lines = data[position + 1 :].replace(b"\r\n", b"\n").split(b"\n")
+            self._partial = lines.pop()
+            self._lines, self._next = lines, 0
+        self.line_number += skipped
+        return skipped
+
+    def count_rest(self) -> int:
+        """Lines not yet consumed (reads to the end of the file)."""
+        rest = len(self._lines) - self._next
+        self._next = len(self._lines)
+        while not self._eof:
+            block = self._read_block()
+            if not block:
+                self._eof = True
+                break
+            rest += block.count(b"\n")
+            self._partial = block[-1:]
+        if self._partial and not self._partial.endswith(b"\n"):
+            rest += 1
+        self._partial = b""
+        return rest
+
+
+def count_lines(path: str) -> int:
+    with LineReader(path) as reader:
+        return reader.count_rest()
 
 
 def read_raw_lines(path: str) -> list[bytes]:
-    """Lines as bytes, split on b"\\n" only, without the line ending (``\\n`` or ``\\r\\n``)."""
-    try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as handle:
-                data = handle.read()
-        else:
-            with open(path, "rb") as handle:
-                data = handle.read()
-    except (OSError, EOFError) as error:
-        raise DataError(f"{path}: cannot read: {error}") from None
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final newline ends the last line; it does not start an empty one
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    """All lines of a (small) file as bytes, split on b"\\n" only, without their line endings."""
+    with LineReader(path) as reader:
+        lines = []
+        while chunk := reader.read(1 << 16):
+            lines.extend(chunk)
+        return lines
+
+
+def line_count_mismatch(src_path: str, src_lines: int, tgt_path: str, tgt_lines: int) -> DataError:
+    return DataError(
+        f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}: source and target must be aligned line for line"
+    )
+
+
+def iter_parallel_chunks(
+    src_path: str, tgt_path: str, *, chunk_lines: int, start: int = 0, stop: int | None = None
+) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+    """``(first line, source lines, target lines)`` in chunks of ``chunk_lines`` aligned lines,
+    for the lines ``[start, stop)``.
+
+    A line-count mismatch is raised (with both counts) as soon as one side ends before the other;
+    without ``stop`` that is at the end of the stream, after every chunk before it was yielded.
+    """
+    with LineReader(src_path) as src, LineReader(tgt_path) as tgt:
+        if src.skip(start) < start or tgt.skip(start) < start:
+            src_total, tgt_total = src.line_number + src.count_rest(), tgt.line_number + tgt.count_rest()
+            if src_total != tgt_total:
+                raise line_count_mismatch(src_path, src_total, tgt_path, tgt_total)
+            raise DataError(f"{src_path}: {src_total} lines, fewer than this shard's first line {start + 1}")
+        first = start
+        while stop is None or first < stop:
+            want = chunk_lines if stop is None else min(chunk_lines, stop - first)
+            src_chunk, tgt_chunk = src.read(want), tgt.read(want)
+            if len(src_chunk) != len(tgt_chunk):
+                raise line_count_mismatch(
+                    src_path, src.line_number + src.count_rest(), tgt_path, tgt.line_number + tgt.count_rest()
+                )
+            if not src_chunk:
+                if stop is not None:
+                    raise DataError(f"{src_path}: ends at line {first}, before this shard's last line {stop}")
+                return
+            yield first, src_chunk, tgt_chunk
+            first += len(src_chunk)
 
 
 @dataclass
 class DecodedLines:
     lines: list[str]
-    invalid: list[int]  # 0-based indices of lines that were not valid UTF-8
+    invalid: list[int]  # 0-based indices (within the chunk) of lines that were not valid UTF-8
 
 
-def decode_lines(raw: list[bytes], *, path: str, replace_invalid: bool) -> DecodedLines:
+def decode_lines(raw: list[bytes], *, path: str, replace_invalid: bool, first_line: int = 0) -> DecodedLines:
     """UTF-8 decode; invalid lines raise (naming file:line) unless ``replace_invalid``.
 
     Replaced lines keep their place (U+FFFD for the bad bytes) so alignment never shifts; the
     caller decides whether to drop them (training) or keep them (valid/test must keep line counts).
+    ``first_line`` is the 0-based line number of ``raw[0]`` in the file, for messages.
     """
+    if not raw:
+        return DecodedLines(lines=[], invalid=[])
+    try:  # one C call for the whole chunk; per line only when something is wrong
+        return DecodedLines(lines=b"\n".join(raw).decode("utf-8").split("\n"), invalid=[])
+    except UnicodeDecodeError:
+        pass
     lines: list[str] = []
     invalid: list[int] = []
     for index, line in enumerate(raw):
@@ -62,35 +240,9 @@ def decode_lines(raw: list[bytes], *, path: str, replace_invalid: bool) -> Decod
         except UnicodeDecodeError as error:
             if not replace_invalid:
                 raise DataError(
-                    f"{path}:{index + 1}: invalid UTF-8 ({error.reason} at byte {error.start}); "
+                    f"{path}:{first_line + index + 1}: invalid UTF-8 ({error.reason} at byte {error.start}); "
                     "fix the file or pass --skip-invalid"
                 ) from None
             invalid.append(index)
             lines.append(line.decode("utf-8", errors="replace"))
     return DecodedLines(lines=lines, invalid=invalid)
-
-
-@dataclass
-class ParallelText:
-    src_path: str
-    tgt_path: str
-    src: list[str]
-    tgt: list[str]
-    invalid: list[int]  # indices of pairs where either side was not valid UTF-8
-
-
-def read_parallel_text(prefix: str, src_lang: str, tgt_lang: str, *, replace_invalid: bool) -> ParallelText:
-    """Both sides of a corpus, checked to have the same number of lines."""
-    src_path = resolve_text_file(prefix, src_lang)
-    tgt_path = resolve_text_file(prefix, tgt_lang)
-    src_raw = read_raw_lines(src_path)
-    tgt_raw = read_raw_lines(tgt_path)
-    if len(src_raw) != len(tgt_raw):
-        raise DataError(
-            f"{src_path} has {len(src_raw)} lines but {tgt_path} has {len(tgt_raw)}: "
-            "source and target must be aligned line for line"
-        )
-    src = decode_lines(src_raw, path=src_path, replace_invalid=replace_invalid)
-    tgt = decode_lines(tgt_raw, path=tgt_path, replace_invalid=replace_invalid)
-    invalid = sorted(set(src.invalid) | set(tgt.invalid))
-    return ParallelText(src_path=src_path, tgt_path=tgt_path, src=src.lines, tgt=tgt.lines, invalid=invalid)

@@ -357,7 +357,7 @@ def _batches(indices: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarr
 class Split:
     sources: list[np.ndarray]  # token ids, EOS included, in line order
     line_numbers: np.ndarray  # (N,) line of each source in the raw text (for the references)
-    reference_path: str | None  # the raw target text the manifest names
+    reference_path: str | None  # the raw target text: the dataset's own copy, or (older datasets) the file it was made from
     num_lines: int  # lines of the raw text the split was made from: a reference must have as many
 
 
@@ -373,11 +373,15 @@ def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel) -> Spl
                 f"{spm_path}: not the checkpoint's source SentencePiece model; this data was encoded for "
                 "another model (translate its raw text with --input instead)"
             )
-    prefix = corpus.entry.input_prefix
+    entry = corpus.entry
+    if entry.reference:  # carried inside the dataset: it scores wherever the directory is
+        reference_path: str | None = manifest.path(entry.reference)
+    else:  # a dataset from before references were stored
+        reference_path = None if entry.input_prefix is None else resolve_text_file(entry.input_prefix, manifest.target_lang)
     return Split(
         sources=[np.asarray(corpus.src[i], dtype=np.int64) for i in range(len(corpus))],
         line_numbers=np.asarray(corpus.line_numbers),
-        reference_path=None if prefix is None else resolve_text_file(prefix, manifest.target_lang),
+        reference_path=reference_path,
         num_lines=corpus.entry.num_lines,
     )
 

@@ -6,6 +6,7 @@ decides what a training checkpoint holds and when old ones go.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
@@ -38,7 +39,7 @@ EPOCH_CHECKPOINT = re.compile(r"checkpoint\d+\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_\d+\.pt")
 from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
 from nmt.data.manifest import Manifest
-from nmt.fileio import DirectoryLock, remove_stale_temporaries, temporary_sibling
+from nmt.fileio import describe_os_error, exclusive_lock, remove_stale_temporaries, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +98,10 @@ MODEL_OPTIONS_FREE_TO_CHANGE = ("dropout", "attention_dropout", "activation_drop
 def run_identity(cfg: TrainConfig, model_cfg: ModelConfig, manifest: Manifest) -> dict[str, dict[str, Any]]:
     """The options and data a checkpoint's state belongs to, grouped as ``IDENTITY_RESETS``."""
     spm_files = sorted({manifest.spm.src_model, manifest.spm.tgt_model})
-    train_files = sorted(
-        name
-        for split in cfg.data.train_subsets
-        for side in (manifest.split(split).src, manifest.split(split).tgt)
-        for name in manifest.checksums
-        if name.startswith(side.prefix + ".")
-    )
+    prefixes = {
+        side.prefix + "." for split in cfg.data.train_subsets for part in manifest.split(split).parts for side in (part.src, part.tgt)
+    }
+    train_files = sorted(name for name in manifest.checksums if any(name.startswith(prefix) for prefix in prefixes))
     batching = {option_name(k): v for k, v in to_dict(cfg.data.batching).items()}
     for name in ("train_subsets", "subset_weights", "sampling_temperature", "epoch_samples", "curriculum"):
         batching[option_name(name)] = to_dict(cfg.data)[name]
@@ -175,20 +173,24 @@ def check_identity(path: str, saved: dict[str, Any] | None, current: dict[str, A
         )
 
 
-def lock_save_dir(save_dir: str, *, is_main: bool) -> DirectoryLock | None:
-    """One run per --save-dir: rank 0 holds the lock for the whole run; every rank stops if it
-    cannot have it."""
-    lock = DirectoryLock(save_dir, purpose="nmt-train run") if is_main else None
+LOCK_NAME = ".nmt.lock"
+
+
+def lock_save_dir(save_dir: str, *, is_main: bool) -> contextlib.ExitStack:
+    """One run per --save-dir: rank 0 holds the lock until the returned stack is closed; every rank
+    stops if it cannot have it."""
+    held = contextlib.ExitStack()
     problem = None
-    if lock is not None:
+    if is_main:
         try:
-            lock.acquire()
+            os.makedirs(save_dir, exist_ok=True)
+            held.enter_context(exclusive_lock(os.path.join(save_dir, LOCK_NAME), what=f"--save-dir {save_dir}"))
         except (ValueError, OSError) as error:
-            problem = str(error)
+            problem = str(describe_os_error(error, save_dir) if isinstance(error, OSError) else error)
     problem = dist.broadcast_object(problem)
     if problem is not None:
-        raise ValueError(f"--save-dir {problem}")
-    return lock
+        raise ValueError(problem)
+    return held
 
 
 def provenance() -> dict[str, Any]:

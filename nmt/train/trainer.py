@@ -132,8 +132,7 @@ class Trainer:
     def close(self) -> None:
         self.metrics.close()
         self.plan.close()
-        if self.lock is not None:
-            self.lock.release()
+        self.lock.close()
 
     # ----------------------------------------------------------------------------- the run
     def train(self) -> TrainState:

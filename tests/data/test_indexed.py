@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.data.indexed import IndexedDataset, IndexedWriter
-from nmt.data.spm import EOS_ID, ids_with_eos, token_dtype
+from nmt.data.indexed import IndexedDataset, IndexedWriter, scan_token_ids
+from nmt.data.spm import token_dtype
 
 
 @settings(max_examples=40, deadline=None)
@@ -38,12 +38,6 @@ def test_uint32_when_vocabulary_exceeds_uint16():
     assert token_dtype(65_537) == np.uint32
 
 
-def test_ids_with_eos_appends_eos_and_counts_it():
-    tokens, lengths = ids_with_eos([[5, 6], [], [7]], dtype=np.dtype(np.uint16))
-    assert tokens.tolist() == [5, 6, EOS_ID, EOS_ID, 7, EOS_ID]
-    assert lengths.tolist() == [3, 1, 2]
-
-
 def _write(prefix, sequences):
     writer = IndexedWriter(prefix, dtype=np.dtype(np.uint16))
     writer.add_many(np.array([t for s in sequences for t in s]), np.array([len(s) for s in sequences]))
@@ -66,3 +60,12 @@ def test_wrong_magic_is_detected(tmp_path):
     os.replace(prefix + ".idx", prefix + ".bin")
     with pytest.raises(ValueError, match="bad magic"):
         IndexedDataset(prefix)
+
+
+def test_scan_token_ids_across_blocks(tmp_path):
+    prefix = str(tmp_path / "a")
+    _write(prefix, [[1, 2, 3], [4, 9], [7, 12, 5]])
+    dataset = IndexedDataset(prefix)
+    for block in (1, 2, 3, 100):
+        assert scan_token_ids(dataset, limit=100, block_tokens=block) == (12, -1)
+        assert scan_token_ids(dataset, limit=8, block_tokens=block) == (12, 4)  # the 9, in sample 1

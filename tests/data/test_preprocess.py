@@ -14,30 +14,12 @@ from nmt.config import PreprocessConfig
 from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.preprocess import FILTER_REASONS, filter_codes, preprocess
-from nmt.data.spm import SentencePieceModel, ids_with_eos
+from nmt.data.spm import EOS_ID, SentencePieceModel
 from nmt_cli.preprocess import main as cli_main
 
-WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman child ball".split()
-WORTE = "der die das hund katze rennt sitzt auf matte rot blau gross klein haus baum mann frau kind ball".split()
-
-
-def write_corpus(directory, name, src_lines, tgt_lines, *, src_lang="en", tgt_lang="de", ending="\n"):
-    for lang, lines in ((src_lang, src_lines), (tgt_lang, tgt_lines)):
-        with open(os.path.join(directory, f"{name}.{lang}"), "wb") as handle:
-            handle.write(ending.join(lines).encode("utf-8") + ending.encode())
-    return os.path.join(directory, name)
-
-
-def random_pairs(count, seed):
-    rng = random.Random(seed)
-    src, tgt = [], []
-    for _ in range(count):
-        n = rng.randint(3, 12)
-        picks = [rng.randrange(len(WORDS)) for _ in range(n)]
-        src.append(" ".join(WORDS[p] for p in picks))
-        tgt.append(" ".join(WORTE[p] for p in picks))
-    return src, tgt
-
+# --import-mode=importlib keeps test folders off sys.path
+sys.path.insert(0, os.path.dirname(__file__))
+from _corpora import random_pairs, write_corpus  # noqa: E402
 
 @pytest.fixture()
 def corpus_dir(tmp_path):
@@ -78,11 +60,12 @@ def test_read_back_equals_reencoding_and_counts_add_up(corpus_dir):
     src_lines = (corpus_dir / "train.en").read_text().split("\n")[:-1]
     tgt_lines = (corpus_dir / "train.de").read_text().split("\n")[:-1]
     kept_lines = train.line_numbers.tolist()
-    expected_src, expected_src_lengths = ids_with_eos(model.encode([src_lines[i] for i in kept_lines]), dtype=np.dtype(np.uint16))
-    expected_tgt, _ = ids_with_eos(model.encode([tgt_lines[i] for i in kept_lines]), dtype=np.dtype(np.uint16))
-    assert np.array_equal(np.concatenate([train[i][0] for i in range(len(train))]), expected_src)
-    assert np.array_equal(np.concatenate([train[i][1] for i in range(len(train))]), expected_tgt)
-    assert np.array_equal(train.src_lengths, expected_src_lengths)
+    # each sample is its line's pieces followed by EOS
+    expected_src = [ids + [EOS_ID] for ids in model.encode([src_lines[i] for i in kept_lines])]
+    expected_tgt = [ids + [EOS_ID] for ids in model.encode([tgt_lines[i] for i in kept_lines])]
+    assert [train[i][0].tolist() for i in range(len(train))] == expected_src
+    assert [train[i][1].tolist() for i in range(len(train))] == expected_tgt
+    assert train.src_lengths.tolist() == [len(ids) for ids in expected_src]
 
     entry = manifest.splits["train"]
     assert entry.num_samples + sum(entry.filtered.values()) == entry.num_lines == 300
@@ -214,8 +197,8 @@ def test_failure_midway_leaves_no_dataset_and_keeps_the_old_one(corpus_dir, monk
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    original = preprocess_module._write_split
-    monkeypatch.setattr(preprocess_module, "_write_split", interrupted)
+    original = preprocess_module.write_split
+    monkeypatch.setattr(preprocess_module, "write_split", interrupted)
     with pytest.raises(KeyboardInterrupt):
         preprocess(config(corpus_dir, overwrite=True, spm_vocab_size=50))
     assert (corpus_dir / "out" / "manifest.json").read_bytes() == before
@@ -250,3 +233,70 @@ def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
             shutil.rmtree(out)
         # a killed run leaves at most a hidden temporary directory, never a manifest at --destdir
         assert not (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("encoder", ["threads", "processes"])
+def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monkeypatch, encoder):
+    """Chunks of 37 lines, 1 or 3 workers, dedup and filters on: the same bytes."""
+    src, tgt = random_pairs(1_000, seed=8)
+    src[100], tgt[200] = "", ""
+    src[600], tgt[600] = src[5], tgt[5]
+    write_corpus(corpus_dir, "train", src, tgt)
+    monkeypatch.setattr(preprocess_module, "CHUNK_LINES", 37)
+    for workers in (1, 3):
+        preprocess(config(corpus_dir, destdir=str(corpus_dir / f"w{workers}"), workers=workers, dedup=True, encoder=encoder))
+    for name in sorted(os.listdir(corpus_dir / "w1")):
+        a, b = (corpus_dir / "w1" / name).read_bytes(), (corpus_dir / "w3" / name).read_bytes()
+        if name == "manifest.json":
+            a, b = (json.loads(x)["splits"] for x in (a, b))
+        assert a == b, name
+
+
+def test_dedup_drops_later_exact_duplicates_and_counts_them(tmp_path):
+    src, tgt = random_pairs(300, seed=9)
+    for later, earlier in ((50, 3), (51, 3), (260, 40)):
+        src[later], tgt[later] = src[earlier], tgt[earlier]
+    src[70] = src[4]  # same source, other target: not a duplicate pair
+    write_corpus(tmp_path, "train", src, tgt)
+    write_corpus(tmp_path, "valid", src[:10], tgt[:10])  # valid and test are never deduplicated
+    manifest, stats = preprocess(config(tmp_path, dedup=True))
+    assert manifest.splits["train"].filtered["duplicate"] == 3 and stats[0].filtered["duplicate"] == 3
+    line_numbers = ParallelCorpus(str(tmp_path / "out"), "train").line_numbers.tolist()
+    assert 3 in line_numbers and 40 in line_numbers and 70 in line_numbers  # first occurrences stay
+    assert not {50, 51, 260} & set(line_numbers)
+    assert len(ParallelCorpus(str(tmp_path / "out"), "valid")) == 10
+    without, _ = preprocess(config(tmp_path, destdir=str(tmp_path / "all")))
+    assert "duplicate" not in without.splits["train"].filtered
+    assert without.splits["train"].num_samples == manifest.splits["train"].num_samples + 3
+
+
+def test_reservoir_sample_is_uniform_and_deterministic():
+    from nmt.data.preprocess import Reservoir
+
+    counts = np.zeros(1_000)
+    for seed in range(400):
+        reservoir = Reservoir(100, seed=seed)
+        for start in range(0, 1_000, 64):
+            reservoir.offer([str(i) for i in range(start, min(start + 64, 1_000))])
+        sample = [int(x) for x in reservoir.sample()]
+        assert sample == sorted(sample) and len(set(sample)) == 100  # in stream order, no repeats
+        counts[sample] += 1
+    # each item is kept with probability 0.1: 40 of 400 times (sd 6), early and late items alike
+    assert abs(counts[:500].mean() - 40) < 2 and abs(counts[500:].mean() - 40) < 2 and counts.min() > 10
+    again = Reservoir(100, seed=399)
+    for start in range(0, 1_000, 64):
+        again.offer([str(i) for i in range(start, min(start + 64, 1_000))])
+    assert [int(x) for x in again.sample()] == sample
+    small = Reservoir(100, seed=0)
+    small.offer(["a", "b"])
+    assert small.sample() == ["a", "b"]
+
+
+def test_spm_trained_on_a_sample_depends_on_the_seed_only(corpus_dir):
+    write_corpus(corpus_dir, "train", *random_pairs(3_000, seed=10))
+    models = []
+    for seed, workers, name in ((1, 1, "a"), (1, 2, "b"), (2, 1, "c")):
+        manifest, _ = preprocess(config(corpus_dir, destdir=str(corpus_dir / name), seed=seed, workers=workers, spm_sample_size=300))
+        models.append((corpus_dir / name / "spm.model").read_bytes())
+    assert models[0] == models[1]
+    assert models[0] != models[2]

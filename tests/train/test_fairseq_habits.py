@@ -76,4 +76,4 @@ def test_tiny_flags_still_override_a_fairseq_arch(tiny_data, tmp_path):
     trainer = make_trainer(tiny_data, tmp_path / "ck", "--arch", "transformer_wmt_en_de_big", *TINY_MODEL_FLAGS)
     assert trainer.model_cfg.encoder_layers == 1 and trainer.model_cfg.attention_dropout == 0.1
     trainer.close()
-    assert os.path.exists(tmp_path / "ck" / ".nmt.lock")
+    make_trainer(tiny_data, tmp_path / "ck").close()  # the lock went with the first trainer

@@ -46,7 +46,7 @@ def test_a_second_run_on_the_same_save_dir_is_refused_and_a_killed_run_leaves_it
     save_dir = tmp_path / "ck"
     with running(tiny_data, save_dir) as first:
         second = train(tiny_data, save_dir, "--max-update", "2")
-        assert_one_line_error(second, str(save_dir), "in use by another nmt-train run", f"pid {first.pid}")
+        assert_one_line_error(second, f"--save-dir {save_dir}: in use by another run (PID {first.pid})")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
     again = train(tiny_data, save_dir, "--max-update", "200000", "--max-epoch", "1")  # the kernel dropped the lock
@@ -126,7 +126,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written
     save_dir = small_disk / "ck"
     result = train(tiny_data, save_dir, "--max-update", "2", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512")
     assert_one_line_error(result, "disk full", str(save_dir / "checkpoint_last.pt"))
-    assert sorted(os.listdir(save_dir)) == [".nmt.lock"]  # no temporary, no torn checkpoint
+    assert os.listdir(save_dir) == []  # no temporary, no torn checkpoint (the lock file goes with its holder)
 
 
 def test_an_unwritable_save_dir_is_one_line(tiny_data, tmp_path):
@@ -138,14 +138,13 @@ def test_an_unwritable_save_dir_is_one_line(tiny_data, tmp_path):
 def test_temporaries_of_killed_saves_are_removed_at_the_next_start(tiny_data, tmp_path):
     save_dir = tmp_path / "ck"
     save_dir.mkdir()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = save_dir / f".checkpoint_last.pt.tmp-{int(dead.stdout)}"
-    live = save_dir / f".checkpoint_last.pt.tmp-{os.getpid()}"  # a writer that is still alive
-    for path in (stale, live):
+    stale = [save_dir / ".checkpoint_last.pt.tmp-123", save_dir / ".checkpoint_1_4.pt.tmp-99999-2"]
+    for path in stale:
         path.write_bytes(b"partial")
+    (save_dir / "notes.tmp-1").write_text("not ours: no leading dot")
     result = train(tiny_data, save_dir, "--max-update", "1")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert not stale.exists() and live.exists()
+    assert not any(path.exists() for path in stale) and (save_dir / "notes.tmp-1").exists()
 
 
 def test_fairseq_interval_flags_count_epochs_and_abbreviations_are_refused(tiny_data, tmp_path):
@@ -186,3 +185,15 @@ def test_a_manifest_with_a_missing_entry_is_one_line(tiny_data, tmp_path):
 
 def test_languages_are_checked_against_the_dataset(tiny_data, tmp_path):
     assert_one_line_error(train(tiny_data, tmp_path / "ck", "-s", "en", "-t", "fr"), "--target-lang fr", "en-de")
+
+
+def test_verify_data_finds_a_corrupt_token_that_stays_in_the_vocabulary(tiny_data, tmp_path):
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_data, copy)
+    assert train(str(copy), tmp_path / "ok", "--max-update", "1", "--verify-data").returncode == 0
+    path = copy / "train.en.bin"
+    data = bytearray(path.read_bytes())
+    data[-4] = 5 if data[-4] != 5 else 6  # a token id byte: still a valid id, same size
+    path.write_bytes(bytes(data))
+    assert train(str(copy), tmp_path / "ck", "--max-update", "1").returncode == 0  # nothing else notices
+    assert_one_line_error(train(str(copy), tmp_path / "ck2", "--max-update", "1", "--verify-data"), "--verify-data", str(path), "SHA-256")
