@@ -19,15 +19,23 @@ setup(
         "tensorboard>=2.12",
         "tqdm>=4.60",
     ],
+    package_data={"nmt.deploy": ["static/*.html"]},
     extras_require={
         "xformers": ["xformers>=0.0.28"],
-        "test": ["pytest>=7", "hypothesis>=6"],
+        # nmt-export / CTranslate2 inference (nmt-eval --path DIR, nmt-serve --path DIR)
+        "ct2": ["ctranslate2>=4.5,<5"],
+        # nmt-serve: Starlette (ASGI routes, no pydantic layer we would not use) on uvicorn
+        "serve": ["starlette>=0.37", "uvicorn>=0.30"],
+        # selenium drives Debian's chromium (apt) in the web page test
+        "test": ["pytest>=7", "hypothesis>=6", "selenium>=4.20"],
     },
     entry_points={
         "console_scripts": [
             "nmt-preprocess=nmt_cli.preprocess:main",
             "nmt-train=nmt_cli.train:main",
             "nmt-eval=nmt_cli.eval:main",
+            "nmt-export=nmt_cli.export:main",
+            "nmt-serve=nmt_cli.serve:main",
         ]
     },
 )

@@ -157,8 +157,13 @@ class Translator:
     def from_checkpoint(
         cls, path: str | Sequence[str], *, device: str | torch.device = "cpu", config: EvalConfig | None = None
     ) -> Translator:
-        """Load one checkpoint, or average several (a list of paths)."""
+        """Load one checkpoint, or average several (a list of paths); a directory written by
+        ``nmt-export --format ctranslate2`` gives a Translator that decodes with CTranslate2."""
         paths = [path] if isinstance(path, str) else list(path)
+        if len(paths) == 1 and os.path.isdir(paths[0]):
+            from nmt.eval.ct2_translator import CT2Translator  # lazy: ctranslate2 is an optional extra
+
+            return CT2Translator.from_dir(paths[0], device=device, config=config)
         state = load_averaged_checkpoint(paths)
         # Incremental decoding runs on the padded layout; let the device pick its backend (a model
         # trained with --attention varlen or xformers on GPU must still decode on a CPU).
@@ -191,7 +196,7 @@ class Translator:
     def generate(self, sources: Sequence[np.ndarray], *, progress: bool = False, **options: Any) -> list[list[Hypothesis]]:
         """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order."""
         cfg = dataclasses.replace(self.config, **options)
-        max_positions = self.model.cfg.max_source_positions
+        max_positions = self.max_source_positions
         lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
         num_truncated = int((lengths > max_positions).sum())
         if num_truncated:
@@ -204,11 +209,22 @@ class Translator:
         with tqdm(total=len(order), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
             for batch in make_batches(lengths[order], batch_size=cfg.batch_size, max_tokens=cfg.max_tokens):
                 indices = order[batch]
-                src_tokens, src_lengths = self._collate([sources[i] for i in indices], lengths[indices])
-                for index, nbest in zip(indices, generate(self.model, src_tokens, src_lengths, cfg, generator=generator)):
+                nbests = self.generate_batch([sources[i] for i in indices], lengths[indices], cfg, generator=generator)
+                for index, nbest in zip(indices, nbests):
                     results[index] = nbest
                 bar.update(len(indices))
         return results
+
+    @property
+    def max_source_positions(self) -> int:
+        return self.model.cfg.max_source_positions
+
+    def generate_batch(
+        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
+    ) -> list[list[Hypothesis]]:
+        """One batch: sources (EOS last) cut to ``lengths`` (EOS kept) -> n-best hypotheses each (the search backend)."""
+        src_tokens, src_lengths = self._collate(sources, lengths)
+        return generate(self.model, src_tokens, src_lengths, cfg, generator=generator)
 
     def _collate(self, sources: list[np.ndarray], lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded (B, S) int64 source and lengths (B,); over-long sources keep their EOS."""

@@ -1,0 +1,117 @@
+"""nmt-serve: an HTTP translation service (LibreTranslate's API) over a checkpoint or an nmt-export directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from nmt.checkpoint_io import load_checkpoint
+from nmt.config import EvalConfig
+from nmt.deploy.serve import ServeConfig, create_app
+from nmt.eval.ct2_translator import CT2Translator, read_export_manifest
+from nmt.eval.translate import Translator
+
+logger = logging.getLogger("nmt.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nmt-serve",
+        description=(
+            "Serve translations over HTTP: POST /translate {\"q\": str | [str], \"source\", \"target\"} -> "
+            "{\"translatedText\": ...} (LibreTranslate's shape), GET /health, a web page at /. Concurrent requests "
+            "are batched into one decode. SIGTERM (or Ctrl+C) answers the requests in flight, then exits 0. "
+            "Needs pip install 'nmt[serve]' (and 'nmt[ct2]' for an exported directory)."
+        ),
+    )
+    parser.add_argument("--path", required=True, help="checkpoint file, or a directory written by nmt-export")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5000, help="0: any free port (the one taken is printed)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads (default: the backend's own choice)")
+    search = parser.add_argument_group("search (as nmt-eval)")
+    search.add_argument("--beam", type=int, default=5)
+    search.add_argument("--lenpen", type=float, default=1.0)
+    search.add_argument("--max-len-a", type=float, default=1.2)
+    search.add_argument("--max-len-b", type=int, default=10)
+    search.add_argument("--batch-size", type=int, default=64, help="sentences per model call within a decode")
+    limits = parser.add_argument_group("batching and limits")
+    limits.add_argument("--max-batch-tokens", type=int, default=ServeConfig.max_batch_tokens, help="source tokens gathered into one decode")
+    limits.add_argument("--max-wait-ms", type=float, default=ServeConfig.max_wait_ms, help="how long a request waits for others to batch with")
+    limits.add_argument("--max-sentences", type=int, default=ServeConfig.max_sentences, help="sentences (lines) per request")
+    limits.add_argument("--max-body-bytes", type=int, default=ServeConfig.max_body_bytes, help="request body size limit")
+    limits.add_argument("--access-log", action="store_true", help="also log every request (one line per batch is always logged)")
+    return parser
+
+
+def language_pair(path: str) -> tuple[str, str]:
+    """(source, target) language of a checkpoint or an exported directory."""
+    if os.path.isdir(path):
+        manifest = read_export_manifest(path)
+        return manifest["source_lang"], manifest["target_lang"]
+    vocab = load_checkpoint(path).get("vocab", {})
+    return vocab.get("source_lang", "src"), vocab.get("target_lang", "tgt")
+
+
+def load_translator(args: argparse.Namespace, cfg: EvalConfig) -> Translator:
+    if os.path.isdir(args.path):
+        return CT2Translator.from_dir(args.path, device=args.device, config=cfg, threads=args.threads)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return Translator.from_checkpoint(args.path, device=args.device, config=cfg)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as error:
+        raise ValueError(f"--host/--port: cannot listen on {host}:{port} ({error.strerror or error})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    try:
+        import uvicorn
+    except ImportError:
+        print("nmt-serve: error: needs the serve extra: pip install 'nmt[serve]'", file=sys.stderr)
+        return 1
+    try:
+        serve_cfg = ServeConfig(
+            max_body_bytes=args.max_body_bytes,
+            max_sentences=args.max_sentences,
+            max_batch_tokens=args.max_batch_tokens,
+            max_wait_ms=args.max_wait_ms,
+        )
+        cfg = EvalConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a, max_len_b=args.max_len_b, batch_size=args.batch_size)
+        source_lang, target_lang = language_pair(args.path)
+        translator = load_translator(args, cfg)
+        started = time.perf_counter()
+        translator.translate(["warm up"])  # first-call allocations happen here, not in a user's request
+        logger.info("model loaded from %s (%s -> %s), warm-up decode %.0f ms", args.path, source_lang, target_lang, (time.perf_counter() - started) * 1000)
+        sock = _listen(args.host, args.port)
+    except (ValueError, OSError) as error:
+        print(f"nmt-serve: error: {error}", file=sys.stderr)
+        return 1
+    backend = "ctranslate2" if isinstance(translator, CT2Translator) else "torch"
+    app = create_app(translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend)
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on"))
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handlers that
+    # were there before it: ours, so that a requested stop ends with exit status 0.
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda *_: None)
+    print(f"nmt-serve: listening on http://{host}:{port} ({backend}, {source_lang} -> {target_lang})", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

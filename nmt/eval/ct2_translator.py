@@ -1,0 +1,192 @@
+"""A Translator whose search runs in CTranslate2, on a directory written by ``nmt-export``.
+
+The directory holds CTranslate2's files (``model.bin``, ``config.json``, the vocabularies) plus
+ours: the SentencePiece model(s) and ``nmt_export.json`` (written last, so a directory that has it
+is complete). Sentences are encoded, batched, detokenized and scored exactly as :class:`Translator`
+does; only :meth:`generate_batch` differs, and it asks CTranslate2 for fairseq's conventions:
+
+- the source is pieces + EOS (``add_source_eos`` in the model's config), the decoder starts from BOS;
+- PAD and BOS are never generated, EOS not before ``--min-len`` tokens;
+- scores are log-probability sums over the tokens *and* EOS divided by ``(tokens + 1) ** lenpen``
+  (``return_end_token``: CTranslate2 then counts EOS in the length, as fairseq does);
+- ``--max-len-a/b`` is a limit per sentence, while CTranslate2 takes one per call: a batch runs under
+  its longest sentence's limit, and the few sentences that ran past their own are decoded again
+  under theirs. At that limit CTranslate2 ends a hypothesis without scoring a forced EOS (ours
+  scores it), so only such sentences may rank their beams differently.
+
+Sampling draws from CTranslate2's generator (seeded per batch from ``--seed``), so samples differ
+from the PyTorch path's; greedy and beam search give the same outputs up to float rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.config import EvalConfig, ModelConfig, from_dict
+from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
+from nmt.eval.search import Hypothesis, max_target_lengths
+from nmt.eval.translate import Translator
+
+EXPORT_MANIFEST = "nmt_export.json"
+EXPORT_FORMAT = "nmt-ctranslate2"
+EXPORT_VERSION = 1
+
+
+def import_ctranslate2(what: str) -> Any:
+    """The ``ctranslate2`` module, or a one-line ValueError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ValueError(f"{what} needs the ctranslate2 package: pip install 'nmt[ct2]'") from None
+    return ctranslate2
+
+
+def pieces(spm: SentencePieceModel) -> list[str]:
+    """Id -> piece string: the vocabulary CTranslate2 is given (SentencePiece pieces are unique)."""
+    return [spm.processor.id_to_piece(index) for index in range(spm.vocab_size)]
+
+
+def read_export_manifest(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, EXPORT_MANIFEST)
+    if not os.path.isfile(path):
+        raise ValueError(f"{directory}: a directory, but not one written by nmt-export (no {EXPORT_MANIFEST})")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: unreadable export manifest ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
+        raise ValueError(f"{path}: not an nmt export manifest (no '{EXPORT_FORMAT}' marker)")
+    if manifest.get("version") != EXPORT_VERSION:
+        raise ValueError(f"{path}: export version {manifest.get('version')}, this nmt reads version {EXPORT_VERSION}")
+    if manifest.get("special_ids") != SPECIAL_IDS:
+        raise ValueError(f"{path}: special ids {manifest.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
+    return manifest
+
+
+def _device_and_index(device: str | torch.device) -> tuple[str, int]:
+    """``cuda:1`` -> ("cuda", 1); CTranslate2 names devices without the index."""
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: CTranslate2 runs on cpu or cuda, got {device}")
+    return device.type, device.index or 0
+
+
+class CT2Translator(Translator):
+    """:class:`Translator` over a CTranslate2 model; everything but the search is inherited."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        model_config: ModelConfig,
+        src_spm: SentencePieceModel,
+        tgt_spm: SentencePieceModel,
+        config: EvalConfig | None = None,
+        name: str = "<ctranslate2 model>",
+    ) -> None:
+        # Translator.__init__ expects a torch module; this one holds a ctranslate2.Translator instead.
+        self.model = model
+        self.model_config = model_config
+        self.name = name
+        self.device = torch.device("cpu")  # host side only (the sampling seed generator)
+        self.src_spm = src_spm
+        self.tgt_spm = tgt_spm
+        self.config = EvalConfig() if config is None else config
+        self._src_pieces = pieces(src_spm)
+        tgt_pieces = pieces(tgt_spm)
+        self._tgt_ids = {piece: index for index, piece in enumerate(tgt_pieces)}
+        self._banned = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]  # one-token sequences: always suppressed
+
+    @classmethod
+    def from_dir(
+        cls,
+        directory: str,
+        *,
+        device: str | torch.device = "cpu",
+        config: EvalConfig | None = None,
+        compute_type: str = "default",
+        threads: int = 0,
+    ) -> CT2Translator:
+        """Load an exported directory; ``compute_type`` "default" runs the type it was exported with."""
+        manifest = read_export_manifest(directory)
+        ctranslate2 = import_ctranslate2(f"{directory} (a CTranslate2 export)")
+        src_spm = SentencePieceModel.load(os.path.join(directory, manifest["src_spm"]))
+        tgt_spm = SentencePieceModel.load(os.path.join(directory, manifest["tgt_spm"]))
+        device_type, device_index = _device_and_index(device)
+        try:
+            model = ctranslate2.Translator(
+                directory, device=device_type, device_index=device_index, compute_type=compute_type, intra_threads=threads
+            )
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(f"{directory}: CTranslate2 cannot load this model ({str(error).strip().splitlines()[0]})") from None
+        model_config = from_dict(ModelConfig, manifest["model_config"])
+        return cls(model, model_config=model_config, src_spm=src_spm, tgt_spm=tgt_spm, config=config, name=directory)
+
+    @property
+    def max_source_positions(self) -> int:
+        return self.model_config.max_source_positions
+
+    def generate_batch(
+        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
+    ) -> list[list[Hypothesis]]:
+        """One batch through CTranslate2; sentences that ran past their own length limit go again under it."""
+        tokens = [[self._src_pieces[i] for i in source[: length - 1]] for source, length in zip(sources, lengths)]
+        max_len = max_target_lengths(lengths, cfg, max_positions=self.model_config.max_target_positions)
+        # CTranslate2's limit counts EOS; ours counts the tokens before the EOS that ends them.
+        results = self._search(tokens, cfg, max_decoding_length=int(max_len.max()) + 1, generator=generator)
+        # A hypothesis of n tokens ended at step n (EOS) or was cut there: still running at step max_len.
+        overran = [i for i, nbest in enumerate(results) if max(len(ids) for ids, _ in nbest) >= max_len[i]]
+        for limit in sorted({int(max_len[i]) for i in overran}):
+            again = [i for i in overran if max_len[i] == limit]
+            # Under a limit of `limit` steps, hypotheses still running are cut at `limit` tokens, where
+            # ours end with a forced EOS.
+            redone = self._search([tokens[i] for i in again], cfg, max_decoding_length=max(limit, 1), generator=generator)
+            for i, nbest in zip(again, redone):
+                results[i] = [(ids[:limit], score) for ids, score in nbest]
+        return [[Hypothesis(tokens=ids, score=score) for ids, score in nbest[: cfg.nbest]] for nbest in results]
+
+    def _search(
+        self, tokens: list[list[str]], cfg: EvalConfig, *, max_decoding_length: int, generator: torch.Generator | None
+    ) -> list[list[tuple[list[int], float]]]:
+        """Per sentence, every hypothesis CTranslate2 returns as (ids without EOS, score), best first.
+
+        The length of a hypothesis counts its EOS (it is the number of decoding steps it took).
+        """
+        sampling_topk = (cfg.topk or 0) if cfg.sampling else 1
+        if cfg.sampling:
+            # CTranslate2's sampler has one global seed: derive it from ours, per batch.
+            import_ctranslate2("sampling").set_random_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
+        try:
+            outputs = self.model.translate_batch(
+                tokens,
+                beam_size=1 if cfg.sampling else cfg.beam,
+                # All beams (or samples): the caller keeps nbest, and needs them all to see overruns.
+                num_hypotheses=1 if cfg.sampling and sampling_topk == 1 else cfg.beam,
+                length_penalty=cfg.lenpen,
+                no_repeat_ngram_size=cfg.no_repeat_ngram_size,
+                suppress_sequences=self._banned,
+                return_end_token=True,
+                max_input_length=0,  # the caller truncated to the model's positions
+                max_decoding_length=max_decoding_length,
+                min_decoding_length=min(cfg.min_len, max_decoding_length),
+                return_scores=True,
+                sampling_topk=sampling_topk,
+                sampling_topp=cfg.topp,
+                sampling_temperature=cfg.temperature,
+            )
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(f"{self.name}: CTranslate2 decoding failed ({str(error).strip().splitlines()[0]})") from None
+        results = []
+        for output in outputs:
+            nbest = []
+            for hypothesis, score in zip(output.hypotheses, output.scores):
+                ids = [self._tgt_ids[piece] for piece in hypothesis]
+                nbest.append((ids[:-1] if ids and ids[-1] == EOS_ID else ids, float(score)))
+            results.append(nbest)
+        return results
