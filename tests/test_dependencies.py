@@ -1,4 +1,4 @@
-"""DESIGN.md's one-way dependencies: cli -> train, eval -> model, data -> config, dist, checkpoint_io."""
+"""DESIGN.md's one-way dependencies: cli -> deploy -> eval; cli -> train, eval -> model, data -> config, dist, checkpoint_io."""
 
 import ast
 import pathlib
@@ -7,12 +7,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORBIDDEN = {
-    "nmt/model": ("nmt.data", "nmt.train", "nmt.eval", "nmt_cli"),
-    "nmt/data": ("nmt.model", "nmt.train", "nmt.eval", "nmt_cli"),
-    "nmt/eval": ("nmt.train", "nmt_cli"),
-    "nmt/train": ("nmt.eval", "nmt_cli"),
-    "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "torch"),
-    "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval"),
+    "nmt/model": ("nmt.data", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/data": ("nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/eval": ("nmt.train", "nmt.deploy", "nmt_cli"),
+    "nmt/train": ("nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/deploy": ("nmt.train", "nmt_cli"),
+    "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
+    "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy"),
 }
 
 

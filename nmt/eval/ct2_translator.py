@@ -14,8 +14,11 @@ does; only :meth:`generate_batch` differs, and it asks CTranslate2 for fairseq's
   under theirs. At that limit CTranslate2 ends a hypothesis without scoring a forced EOS (ours
   scores it), so only such sentences may rank their beams differently.
 
-Sampling draws from CTranslate2's generator (seeded per batch from ``--seed``), so samples differ
-from the PyTorch path's; greedy and beam search give the same outputs up to float rounding.
+Sampling draws from CTranslate2's generator (seeded from ``--seed`` once per process), so samples
+differ from the PyTorch path's; greedy and beam search give the same outputs up to float rounding.
+n-best lists may differ in their tails: at the step where a sentence completes its beam, CTranslate2
+keeps every hypothesis that ended there and returns the best, where ours fills the free slots in
+score order (fairseq's rule); the best hypothesis is the same.
 """
 
 from __future__ import annotations
@@ -160,8 +163,9 @@ class CT2Translator(Translator):
         """
         sampling_topk = (cfg.topk or 0) if cfg.sampling else 1
         if cfg.sampling:
-            # CTranslate2's sampler has one global seed: derive it from ours, per batch.
-            import_ctranslate2("sampling").set_random_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            # CTranslate2 seeds each decoding thread's generator once, at its first draw: --seed makes
+            # a process's sampling reproducible, but a later call continues that thread's stream.
+            import_ctranslate2("sampling").set_random_seed(cfg.seed)
         try:
             outputs = self.model.translate_batch(
                 tokens,
