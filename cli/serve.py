@@ -91,13 +91,19 @@ def main(argv: list[str] | None = None) -> int:
             max_wait_ms=args.max_wait_ms,
         )
         cfg = EvalConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a, max_len_b=args.max_len_b, batch_size=args.batch_size)
+        # Listen first: a taken port is reported at once, and early clients wait in the backlog.
+        sock = _listen(args.host, args.port)
+    except ValueError as error:
+        print(f"nmt-serve: error: {error}", file=sys.stderr)
+        return 1
+    try:
         source_lang, target_lang = language_pair(args.path)
         translator = load_translator(args, cfg)
         started = time.perf_counter()
         translator.translate(["warm up"])  # first-call allocations happen here, not in a user's request
         logger.info("model loaded from %s (%s -> %s), warm-up decode %.0f ms", args.path, source_lang, target_lang, (time.perf_counter() - started) * 1000)
-        sock = _listen(args.host, args.port)
     except (ValueError, OSError) as error:
+        sock.close()
         print(f"nmt-serve: error: {error}", file=sys.stderr)
         return 1
     backend = "ctranslate2" if isinstance(translator, CT2Translator) else "torch"

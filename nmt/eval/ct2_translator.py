@@ -97,7 +97,7 @@ class CT2Translator(Translator):
         self.model = model
         self.model_config = model_config
         self.name = name
-        self.device = torch.device("cpu")  # host side only (the sampling seed generator)
+        self.device = torch.device("cpu")  # where the inherited generate() makes its (unused) sampling generator
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.config = EvalConfig() if config is None else config
@@ -138,25 +138,26 @@ class CT2Translator(Translator):
     def generate_batch(
         self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
     ) -> list[list[Hypothesis]]:
-        """One batch through CTranslate2; sentences that ran past their own length limit go again under it."""
+        """One batch through CTranslate2; sentences that ran past their own length limit go again under it.
+
+        ``generator`` is not used: CTranslate2 samples with its own generator (see the module docstring).
+        """
         tokens = [[self._src_pieces[i] for i in source[: length - 1]] for source, length in zip(sources, lengths)]
         max_len = max_target_lengths(lengths, cfg, max_positions=self.model_config.max_target_positions)
         # CTranslate2's limit counts EOS; ours counts the tokens before the EOS that ends them.
-        results = self._search(tokens, cfg, max_decoding_length=int(max_len.max()) + 1, generator=generator)
+        results = self._search(tokens, cfg, max_decoding_length=int(max_len.max()) + 1)
         # A hypothesis of n tokens ended at step n (EOS) or was cut there: still running at step max_len.
         overran = [i for i, nbest in enumerate(results) if max(len(ids) for ids, _ in nbest) >= max_len[i]]
         for limit in sorted({int(max_len[i]) for i in overran}):
             again = [i for i in overran if max_len[i] == limit]
             # Under a limit of `limit` steps, hypotheses still running are cut at `limit` tokens, where
             # ours end with a forced EOS.
-            redone = self._search([tokens[i] for i in again], cfg, max_decoding_length=max(limit, 1), generator=generator)
+            redone = self._search([tokens[i] for i in again], cfg, max_decoding_length=max(limit, 1))
             for i, nbest in zip(again, redone):
                 results[i] = [(ids[:limit], score) for ids, score in nbest]
         return [[Hypothesis(tokens=ids, score=score) for ids, score in nbest[: cfg.nbest]] for nbest in results]
 
-    def _search(
-        self, tokens: list[list[str]], cfg: EvalConfig, *, max_decoding_length: int, generator: torch.Generator | None
-    ) -> list[list[tuple[list[int], float]]]:
+    def _search(self, tokens: list[list[str]], cfg: EvalConfig, *, max_decoding_length: int) -> list[list[tuple[list[int], float]]]:
         """Per sentence, every hypothesis CTranslate2 returns as (ids without EOS, score), best first.
 
         The length of a hypothesis counts its EOS (it is the number of decoding steps it took).
@@ -165,7 +166,9 @@ class CT2Translator(Translator):
         if cfg.sampling:
             # CTranslate2 seeds each decoding thread's generator once, at its first draw: --seed makes
             # a process's sampling reproducible, but a later call continues that thread's stream.
-            import_ctranslate2("sampling").set_random_seed(cfg.seed)
+            import ctranslate2
+
+            ctranslate2.set_random_seed(cfg.seed)
         try:
             outputs = self.model.translate_batch(
                 tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -133,15 +134,19 @@ def test_serves_an_exported_directory_through_ctranslate2(tiny, exported, tmp_pa
     assert [body["translatedText"] for _, body in answers] == [[text] for text in expected]
 
 
-def test_startup_errors_are_one_line(tiny, tmp_path) -> None:
-    import subprocess
-    import sys
+def test_startup_errors_are_one_line(tiny, tmp_path, capsys) -> None:
+    from nmt_cli.serve import main
 
-    with serve(tiny.checkpoint, log_dir=tmp_path) as running:
-        port = running.url.rsplit(":", 1)[1]
-        taken = subprocess.run(
-            [sys.executable, "-m", "nmt_cli.serve", "--path", tiny.checkpoint, "--port", port], capture_output=True, text=True, timeout=120
-        )
-    assert taken.returncode == 1 and "cannot listen on 127.0.0.1:" + port in taken.stderr
-    missing = subprocess.run([sys.executable, "-m", "nmt_cli.serve", "--path", str(tmp_path / "none.pt")], capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 1 and missing.stderr.strip().splitlines()[-1].startswith("nmt-serve: error:")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        assert main(["--path", tiny.checkpoint, "--port", port]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"nmt-serve: error: --host/--port: cannot listen on 127.0.0.1:{port} (Address already in use")
+    for argv, message in (
+        (["--path", str(tmp_path / "none.pt"), "--port", "0"], "no such checkpoint file"),
+        (["--path", str(tmp_path), "--port", "0"], "not one written by nmt-export"),
+        (["--path", tiny.checkpoint, "--port", "0", "--max-wait-ms", "-1"], "--max-wait-ms: must be >= 0"),
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("nmt-serve: error:") and message in err and len(err.splitlines()) == 1, err
