@@ -115,7 +115,7 @@ def compare_backends(args: argparse.Namespace) -> None:
         print(
             f"{name:>12}  {size:>8.1f}  {r['wall']:>9.2f}  {r['decode']:>8.2f}  {r['sentences/s']:>7.1f}  {r['tokens/s']:>8.0f}  "
             f"{r['peak_mib']:>8.0f}  {r['bleu']:>6.2f}  {100 * same / len(hypotheses['torch']):>6.1f}%  "
-            f"{reference['wall'] / r['wall']:>8.2f}x  {reference['decode'] / r['decode']:>7.2f}x"
+            f"{reference['wall'] / r['wall']:>8.2f}x  {r['sentences/s'] / reference['sentences/s']:>7.2f}x"
         )
     print(
         f"(torch size: the model's tensors; its training checkpoint file is {disk_mib(args.path):.1f} MiB with the "
