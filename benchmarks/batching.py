@@ -28,8 +28,8 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
+from nmt.config import BatchingConfig
 from nmt.data.batching import (
-    BatchingOptions,
     Batches,
     batch_tokens,
     global_batches,
@@ -69,8 +69,8 @@ def share_changed(first: Batches, second: Batches) -> float:
 
 def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
     def ours(**changes: object) -> Callable[[int], Batches]:
-        options = BatchingOptions(max_tokens=max_tokens, **changes)
-        return lambda epoch: global_batches(src, tgt, options, epoch=epoch)
+        cfg = BatchingConfig(max_tokens=max_tokens, **changes)
+        return lambda epoch: global_batches(src, tgt, cfg, seed=1, epoch=epoch)
 
     def random_batches(epoch: int) -> Batches:
         return batches_in_order(np.random.default_rng([0, epoch]).permutation(src.shape[0]), src, tgt, max_tokens)
@@ -86,9 +86,9 @@ def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
     methods = {
         "random batches": random_batches,
         "fairseq sort (target, source)": fairseq,
-        "ours, length noise 0.1": ours(noise_mode="length", noise=0.1),
-        "ours, length noise 0.2": ours(noise_mode="length", noise=0.2),
-        "ours, sorted (longest, tgt, src), noise 0": ours(noise=0.0),
+        "ours, length noise 0.1": ours(noise_mode="length", batch_noise=0.1),
+        "ours, length noise 0.2": ours(noise_mode="length", batch_noise=0.2),
+        "ours, sorted (longest, tgt, src), noise 0": ours(batch_noise=0.0),
         "ours, ties (default)": ours(),
     }
     print(f"\n== Multi30k train ({src.shape[0]} pairs), max_tokens {max_tokens} ==")
@@ -128,9 +128,9 @@ def speed_table(num_samples: int, max_tokens: int) -> None:
     src, tgt = synthetic_lengths(num_samples)
     print(f"\n== one epoch of batches for {num_samples:,} synthetic samples, max_tokens {max_tokens} ==")
     for mode in tqdm(["ties", "length"], desc="batching", leave=False):
-        options = BatchingOptions(max_tokens=max_tokens, noise_mode=mode)
+        cfg = BatchingConfig(max_tokens=max_tokens, noise_mode=mode)
         start = time.perf_counter()
-        batches = global_batches(src, tgt, options, epoch=0)
+        batches = global_batches(src, tgt, cfg, seed=1, epoch=0)
         seconds = time.perf_counter() - start
         tqdm.write(f"noise_mode={mode:6s}: {seconds:6.2f} s  ({len(batches):,} batches; target < 10 s: "
               f"{'met' if seconds < 10 else 'MISSED'})")

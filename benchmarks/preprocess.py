@@ -51,7 +51,7 @@ def run_once(workers: int, spm_model: str | None, timer: EncodeTimer) -> tuple[f
         started = time.perf_counter()
         manifest, _ = preprocess(cfg)
         total = time.perf_counter() - started
-        num_sentences = 2 * sum(split["num_lines"] for split in manifest["splits"].values())
+        num_sentences = 2 * sum(split.num_lines for split in manifest.splits.values())
     return total, timer.seconds, num_sentences
 
 

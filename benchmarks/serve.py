@@ -152,9 +152,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[], help="passed to nmt-serve (last on the line)")
     args = parser.parse_args()
-    manifest = ParallelCorpus(args.data, args.split).manifest
-    prefix = manifest["splits"][args.split]["input_prefix"]
-    sentences = read_references(resolve_text_file(prefix, manifest["source_lang"]))[: args.requests]
+    corpus = ParallelCorpus(args.data, args.split)
+    if corpus.entry.input_prefix is None:
+        parser.error(f"the manifest of {args.data} names no raw text for split {args.split!r}")
+    sentences = read_references(resolve_text_file(corpus.entry.input_prefix, corpus.manifest.source_lang))[: args.requests]
     with tempfile.TemporaryDirectory() as scratch:
         for path in args.path or ["runs/ckpt/checkpoint_best.pt"]:
             benchmark(path, sentences, args, scratch)

@@ -1,12 +1,15 @@
 """Training throughput (target tokens/s) on the bundled Multi30k, side by side.
 
     python benchmarks/train_throughput.py [--updates 8] [--skip-compile] [--skip-processes]
+        [--baseline-tree OLD_CHECKOUT --repeats 3]
 
 Model: transformer_tiny (3+3 layers, 256 dim, FFN 1024, 4 heads, shared embeddings, 8k joint
 SentencePiece vocabulary), --max-tokens 4096, fp32, dropout 0.1: the fairseq reference setting.
 Rows: padded + random batches (a plain PyTorch loop: shuffled samples cut under the budget),
 padded + our sampler, packed + our sampler, each also with --compile (static shapes; warm-up time
-reported separately, steady state measured); then 1 vs 2 CPU processes (torchrun, gloo).
+reported separately, steady state measured); then 1 vs 2 CPU processes (torchrun, gloo), and the
+same nmt-train runs of another checkout (--baseline-tree) alternating with this one's: before/after
+a change in one run.
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ def ensure_data() -> None:
 
 
 def make_trainer(save_dir: str, *extra: str):
+    from nmt.data import load_manifest
     from nmt.train.trainer import Trainer
     from nmt_cli.train import build_parser, make_configs
 
     args = [DATA, "--save-dir", save_dir, "--share-all-embeddings", "--max-tokens", "4096", *extra]
-    train_cfg, model_cfg = make_configs(build_parser().parse_args(args))
-    return Trainer(train_cfg, model_cfg)
+    manifest = load_manifest(DATA)
+    train_cfg, model_cfg = make_configs(build_parser().parse_args(args), manifest)
+    return Trainer(train_cfg, model_cfg, manifest=manifest)
 
 
 def random_batches(trainer, *, seed: int) -> list[np.ndarray]:
@@ -51,17 +56,22 @@ def random_batches(trainer, *, seed: int) -> list[np.ndarray]:
     from nmt.data.batching import greedy_offsets, round_up
 
     # Lengths rounded as the compiled shapes round them (a no-op without --compile).
-    src = round_up(np.asarray(trainer.train_data.src_lengths, dtype=np.int64), trainer.length_multiple)
-    tgt = round_up(np.asarray(trainer.train_data.tgt_lengths, dtype=np.int64), trainer.length_multiple)
+    dataset = trainer.plan.current.dataset
+    src = round_up(np.asarray(dataset.src_lengths, dtype=np.int64), trainer.plan.length_multiple)
+    tgt = round_up(np.asarray(dataset.tgt_lengths, dtype=np.int64), trainer.plan.length_multiple)
     order = np.random.default_rng(seed).permutation(src.shape[0])
-    offsets = greedy_offsets(src[order], tgt[order], trainer.cfg.max_tokens, packed=False)
+    offsets = greedy_offsets(src[order], tgt[order], trainer.plan.batching.max_tokens, packed=False)
     return [order[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
 def measure(trainer, batches: list[np.ndarray], *, warmup: int, updates: int) -> tuple[float, float]:
     """(target tokens/s, padding ratio) over ``updates`` updates after ``warmup`` untimed ones."""
+    from nmt.data import Update
+
+    tgt = trainer.plan.current.dataset.tgt_lengths
+
     def run(batch: np.ndarray):
-        return trainer.run_update([(int(batch[0]), batch)], update_tokens=int(trainer.tgt_lengths[batch].sum()), update_sentences=len(batch))
+        return trainer.step(Update(trainer.plan.micro_batches(batch), int(tgt[batch].sum()), len(batch)))
 
     for batch in batches[:warmup]:
         run(batch)
@@ -78,21 +88,22 @@ def measure(trainer, batches: list[np.ndarray], *, warmup: int, updates: int) ->
 
 def compile_for(trainer, batches: list[np.ndarray]) -> float:
     """Compile exactly the shapes of the measured batches; returns the warm-up seconds."""
-    from nmt.train.compile import CompiledStep, packed_token_buckets, shape_buckets
+    from nmt.data.shapes import StaticShapes
+    from nmt.train.compile import compile_for_shapes
+    from nmt.train.step import to_device
 
-    data, cfg = trainer.train_data, trainer.cfg
-    if cfg.layout == "packed":
-        totals = [int(max(data.src_lengths[b].sum(), data.tgt_lengths[b].sum())) for b in batches]
-        buckets = packed_token_buckets(max_tokens=cfg.max_tokens, length_multiple=cfg.length_multiple)
-        needed = {min(n for n in buckets if n >= total) for total in totals}
-        shapes = [(1, n) for n in buckets if n in needed]
+    static = trainer.plan.static
+    data = trainer.plan.current.dataset
+    if static.packed:
+        sizes = [int(max(data.src_lengths[b].sum(), data.tgt_lengths[b].sum())) for b in batches]
     else:
-        longest = [int(max(data.src_lengths[b].max(), data.tgt_lengths[b].max())) for b in batches]
-        all_shapes = shape_buckets(data.src_lengths, data.tgt_lengths, max_tokens=cfg.max_tokens,
-                                   length_multiple=cfg.length_multiple, max_sentences=None)
-        needed = {-(-n // cfg.length_multiple) * cfg.length_multiple for n in longest}
-        shapes = [s for s in all_shapes if s[1] in needed]
-    trainer.compiled = CompiledStep.build(trainer, shapes)
+        sizes = [int(max(data.src_lengths[b].max(), data.tgt_lengths[b].max())) for b in batches]
+    needed = StaticShapes(tuple(sorted({static.shape_for(size) for size in sizes}, key=lambda s: s[1])), static.packed)
+    trainer.compiled = compile_for_shapes(
+        trainer.step.wrapped, needed, trainer.step.forward_loss, device=trainer.session.device,
+        world_size=1, to_device=lambda batch: to_device(batch, trainer.session.device),
+    )
+    trainer.step.runner = trainer.compiled.module
     return trainer.compiled.warmup_seconds
 
 
@@ -111,8 +122,7 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
                 if batching == "random":
                     batches = random_batches(trainer, seed=1)
                 else:
-                    trainer.sampler.set_epoch(0)
-                    batches = trainer.sampler.rank_batches().to_list()
+                    batches = trainer.plan.current.rank_batches.to_list()
                 batches = batches[: args.warmup + args.updates]
                 note = ""
                 if compiled:
@@ -126,29 +136,58 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
     return rows
 
 
+# Runs a source tree's cli/train.py with that tree first on sys.path, so an older checkout (a git
+# worktree of the commit before a change) is measured in the same run as this one.
+LAUNCH = (
+    "import runpy, sys; tree = sys.argv[1]; sys.path.insert(0, tree); "
+    "sys.argv = ['nmt-train', *sys.argv[2:]]; runpy.run_path(tree + '/cli/train.py', run_name='__main__')"
+)
+
+
+def nmt_train_tokens_per_second(tree: str, procs: int, args: argparse.Namespace) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        train_args = [DATA, "--save-dir", tmp, "--share-all-embeddings", "--max-tokens", "4096",
+                      "--max-update", str(args.warmup + args.updates), "--log-format", "json", "--log-interval", "1",
+                      "--layout", args.process_layout]
+        launch = ["-c", LAUNCH, tree, *train_args]
+        if procs == 1:
+            command = [sys.executable, *launch]
+        else:
+            # torchrun runs a script: the launcher goes through a temporary file.
+            script = os.path.join(tmp, "launch.py")
+            with open(script, "w") as handle:
+                handle.write(LAUNCH)
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", script, tree, *train_args]
+        env = {**os.environ, "OMP_NUM_THREADS": str(2 // procs)}
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr[-2000:])
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    timed = [r for r in records if r.get("kind") == "train"][args.warmup :]
+    # wps is per log interval (1 update): tokens / wall time of that update, all ranks together.
+    seconds = sum(r["ntokens"] / r["wps"] for r in timed)
+    return sum(r["ntokens"] for r in timed) / seconds
+
+
 def process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]]:
+    """nmt-train as a process, 1 x 2 threads and 2 x 1 (torchrun); with --baseline-tree, the same
+    runs of that tree alternate with this one's (median of --repeats), and the ratio is printed."""
+    trees = [("", ROOT)] + ([(" [baseline]", args.baseline_tree)] if args.baseline_tree else [])
     rows = []
     for procs in (1, 2):
-        with tempfile.TemporaryDirectory() as tmp:
-            command = ["-m", "nmt_cli.train", DATA, "--save-dir", tmp, "--share-all-embeddings", "--max-tokens", "4096",
-                       "--max-update", str(args.warmup + args.updates), "--log-format", "json", "--log-interval", "1",
-                       "--layout", args.process_layout]
-            if procs == 1:
-                command = [sys.executable, *command]
-            else:
-                command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *command]
-            env = {**os.environ, "OMP_NUM_THREADS": str(2 // procs)}
-            result = subprocess.run(command, capture_output=True, text=True, env=env)
-            if result.returncode != 0:
-                raise RuntimeError(result.stderr[-2000:])
-            records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-            timed = [r for r in records if r.get("kind") == "train"][args.warmup :]
-            # wps is per log interval (1 update): tokens / wall time of that update, all ranks together.
-            seconds = sum(r["ntokens"] / r["wps"] for r in timed)
-            tokens_per_s = sum(r["ntokens"] for r in timed) / seconds
-            rows.append((f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)",
-                         tokens_per_s, float("nan"), f"{args.process_layout} + our sampler"))
-            print(f"  {rows[-1][0]}: {tokens_per_s:,.0f} tok/s", flush=True)
+        measured: dict[str, list[float]] = {label: [] for label, _ in trees}
+        for _ in range(args.repeats):
+            for label, tree in trees:
+                measured[label].append(nmt_train_tokens_per_second(tree, procs, args))
+        name = f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)"
+        for label, _ in trees:
+            runs = measured[label]
+            note = f"{args.process_layout} + our sampler; runs: " + ", ".join(f"{r:,.0f}" for r in runs)
+            rows.append((name + label, float(np.median(runs)), float("nan"), note))
+            print(f"  {rows[-1][0]}: {rows[-1][1]:,.0f} tok/s", flush=True)
+        if args.baseline_tree:
+            ratio = np.median(measured[""]) / np.median(measured[" [baseline]"])
+            rows.append((f"  this tree / baseline ({procs} proc)", float("nan"), float("nan"), f"{ratio:.3f}x"))
     return rows
 
 
@@ -159,6 +198,8 @@ def main() -> None:
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--process-layout", default="packed", choices=("padded", "packed"))
+    parser.add_argument("--baseline-tree", help="another checkout (e.g. a git worktree of an older commit) to run beside this one")
+    parser.add_argument("--repeats", type=int, default=1, help="nmt-train runs per tree and process count (alternating)")
     args = parser.parse_args()
     ensure_data()
     print("measuring ...", flush=True)

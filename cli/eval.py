@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import TextIO
 
 from nmt.config import EvalConfig
-from nmt.eval.translate import Translation, Translator, iter_line_chunks, last_checkpoints, load_split, read_references
+from nmt.fileio import atomic_write
+from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+from nmt.checkpoint_io import last_checkpoints
+from nmt.eval.translate import Translation, Translator, iter_line_chunks, load_split, read_references
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="nmt-eval",
         description=(
             "Translate with a checkpoint and score with sacreBLEU. Either DATA_DIR --split (binarized data, "
@@ -28,49 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="a directory written by nmt-preprocess")
     parser.add_argument("--path", required=True, help="checkpoint file; a,b,c averages their weights; a save dir with --average-last")
     parser.add_argument("--average-last", type=int, metavar="N", help="average the N newest numbered checkpoints in the save dir --path")
-    parser.add_argument("--split", default="test", help="split of DATA_DIR to translate (default: test)")
+    parser.add_argument("--split", default="test", help="split of DATA_DIR to translate")
     parser.add_argument("--input", help="raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)")
     parser.add_argument("--reference", help="raw reference text to score against (overrides the split's own)")
     parser.add_argument("--output", help="write hypotheses here (in input order; --nbest N: N lines per input line)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument("--score-tokenized-lowercase", action="store_true", help="also report BLEU on lowercased, tokenized text (as many Multi30k papers do)")
-    search = parser.add_argument_group("search")
-    search.add_argument("--beam", type=int, default=5, help="beam size; 1 decodes greedily; with --sampling, samples per sentence")
-    search.add_argument("--nbest", type=int, default=1)
-    search.add_argument("--lenpen", type=float, default=1.0, help="score / length ** lenpen")
-    search.add_argument("--max-len-a", type=float, default=1.2)
-    search.add_argument("--max-len-b", type=int, default=10, help="generate at most a * source length + b tokens")
-    search.add_argument("--min-len", type=int, default=1)
-    search.add_argument("--no-repeat-ngram-size", type=int, default=0)
-    search.add_argument("--sampling", action="store_true")
-    search.add_argument("--temperature", type=float, default=1.0)
-    search.add_argument("--topk", type=int, default=0, help="sample from the k most likely tokens (0: all)")
-    search.add_argument("--topp", type=float, default=1.0, help="sample from the smallest set with probability >= p")
-    search.add_argument("--seed", type=int, default=1)
-    search.add_argument("--batch-size", type=int, help="sentences per batch (default 64 unless --max-tokens is given)")
-    search.add_argument("--max-tokens", type=int, help="source tokens per batch, padding included")
-    search.add_argument("--buffer-size", type=int, default=4096, help="raw-text lines translated at a time")
+    add_config_arguments(parser.add_argument_group("search"), EvalConfig)
     return parser
-
-
-def _config(args: argparse.Namespace) -> EvalConfig:
-    return EvalConfig(
-        beam=args.beam,
-        nbest=args.nbest,
-        lenpen=args.lenpen,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        min_len=args.min_len,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
-        sampling=args.sampling,
-        temperature=args.temperature,
-        topk=args.topk,
-        topp=args.topp,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        buffer_size=args.buffer_size,
-    )
 
 
 def _checkpoint_paths(args: argparse.Namespace) -> list[str]:
@@ -111,45 +78,39 @@ def _translations(translator: Translator, args: argparse.Namespace, cfg: EvalCon
 
 @contextlib.contextmanager
 def _open_output(path: str | None) -> Iterator[TextIO]:
-    """stdout, or ``path`` written under a temporary name and renamed at the end (never half a file)."""
+    """stdout, or ``path`` written atomically (never half a file)."""
     if path is None:
         yield sys.stdout
         return
-    tmp_path = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp_path, "w", encoding="utf-8", newline="\n") as handle:
-            yield handle
-        os.replace(tmp_path, path)
-    finally:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
+    with atomic_write(path, "w", encoding="utf-8", newline="\n") as handle:
+        yield handle
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
-    try:
-        if args.data_dir is not None and args.input is not None:
-            raise ValueError("--input: give DATA_DIR (with --split) or --input, not both")
-        cfg = _config(args)
-        translator = Translator.from_checkpoint(_checkpoint_paths(args), device=args.device, config=cfg)
-        chunks, references = _translations(translator, args, cfg)
-        best: list[str] = []
-        num_sentences = num_tokens = 0
-        started = time.perf_counter()
-        with _open_output(args.output) as out:
-            for chunk in chunks:
-                for nbest in chunk:
-                    out.writelines(translation.text + "\n" for translation in nbest)
-                    num_sentences += 1
-                    num_tokens += len(nbest[0].tokens) + 1  # EOS counted, as fairseq-generate does
-                    if references is not None:  # only kept when scoring: plain translation streams
-                        best.append(nbest[0].text)
-        elapsed = time.perf_counter() - started
-        scores = [] if references is None else translator.score(best, references, tokenized_lowercase=args.score_tokenized_lowercase)
-    except (ValueError, OSError) as error:  # DataError included: one line naming the file or option
-        print(f"nmt-eval: error: {error}", file=sys.stderr)
-        return 1
+    return run_main("nmt-eval", lambda: _evaluate(args))
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    if args.data_dir is not None and args.input is not None:
+        raise ValueError("--input: give DATA_DIR (with --split) or --input, not both")
+    cfg = config_from_args(EvalConfig, args)
+    translator = Translator.from_checkpoint(_checkpoint_paths(args), device=args.device, config=cfg)
+    chunks, references = _translations(translator, args, cfg)
+    best: list[str] = []
+    num_sentences = num_tokens = 0
+    started = time.perf_counter()
+    with _open_output(args.output) as out:
+        for chunk in chunks:
+            for nbest in chunk:
+                out.writelines(translation.text + "\n" for translation in nbest)
+                num_sentences += 1
+                num_tokens += len(nbest[0].tokens) + 1  # EOS counted, as fairseq-generate does
+                if references is not None:  # only kept when scoring: plain translation streams
+                    best.append(nbest[0].text)
+    elapsed = time.perf_counter() - started
+    scores = [] if references is None else translator.score(best, references, tokenized_lowercase=args.score_tokenized_lowercase)
     report = sys.stderr if args.output is None else sys.stdout
     print(
         f"translated {num_sentences} sentences ({num_tokens} tokens) in {elapsed:.1f}s: "

@@ -15,12 +15,13 @@ from nmt.config import EvalConfig
 from nmt.deploy.serve import ServeConfig, create_app
 from nmt.eval.ct2_translator import CT2Translator, read_export_manifest
 from nmt.eval.translate import Translator
+from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
 logger = logging.getLogger("nmt.serve")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="nmt-serve",
         description=(
             "Serve translations over HTTP: POST /translate {\"q\": str | [str], \"source\", \"target\"} -> "
@@ -33,19 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5000, help="0: any free port (the one taken is printed)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--threads", type=int, default=0, help="compute threads (default: the backend's own choice)")
-    search = parser.add_argument_group("search (as nmt-eval)")
-    search.add_argument("--beam", type=int, default=5)
-    search.add_argument("--lenpen", type=float, default=1.0)
-    search.add_argument("--max-len-a", type=float, default=1.2)
-    search.add_argument("--max-len-b", type=int, default=10)
-    search.add_argument("--batch-size", type=int, default=64, help="sentences per model call within a decode")
-    limits = parser.add_argument_group("batching and limits")
-    limits.add_argument("--max-batch-tokens", type=int, default=ServeConfig.max_batch_tokens, help="source tokens gathered into one decode")
-    limits.add_argument("--max-wait-ms", type=float, default=ServeConfig.max_wait_ms, help="how long a request waits for others to batch with")
-    limits.add_argument("--max-sentences", type=int, default=ServeConfig.max_sentences, help="sentences (lines) per request")
-    limits.add_argument("--max-body-bytes", type=int, default=ServeConfig.max_body_bytes, help="request body size limit")
-    limits.add_argument("--access-log", action="store_true", help="also log every request (one line per batch is always logged)")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads (0: the backend's own choice)")
+    parser.add_argument("--access-log", action="store_true", help="also log every request (one line per batch is always logged)")
+    add_config_arguments(parser.add_argument_group("search (as nmt-eval)"), EvalConfig, skip=("nbest", "buffer_size"))
+    add_config_arguments(parser.add_argument_group("batching and limits"), ServeConfig)
     return parser
 
 
@@ -68,55 +60,44 @@ def load_translator(args: argparse.Namespace, cfg: EvalConfig) -> Translator:
     return Translator.from_checkpoint(args.path, device=args.device, config=cfg)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as error:
         raise ValueError(f"--host/--port: cannot listen on {host}:{port} ({error.strerror or error})") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
     except ImportError:
-        print("nmt-serve: error: needs the serve extra: pip install 'nmt[serve]'", file=sys.stderr)
-        return 1
-    try:
-        serve_cfg = ServeConfig(
-            max_body_bytes=args.max_body_bytes,
-            max_sentences=args.max_sentences,
-            max_batch_tokens=args.max_batch_tokens,
-            max_wait_ms=args.max_wait_ms,
-        )
-        cfg = EvalConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a, max_len_b=args.max_len_b, batch_size=args.batch_size)
-        # Listen first: a taken port is reported at once, and early clients wait in the backlog.
-        sock = _listen(args.host, args.port)
-    except ValueError as error:
-        print(f"nmt-serve: error: {error}", file=sys.stderr)
-        return 1
-    try:
+        raise ValueError("nmt-serve needs the serve extra: pip install 'nmt[serve]'") from None
+    serve_cfg = config_from_args(ServeConfig, args)
+    cfg = config_from_args(EvalConfig, args)
+    # Listen first: a taken port is reported at once, and early clients wait in the backlog.
+    with listen(args.host, args.port) as sock:
         source_lang, target_lang = language_pair(args.path)
         translator = load_translator(args, cfg)
         started = time.perf_counter()
         translator.translate(["warm up"])  # first-call allocations happen here, not in a user's request
         logger.info("model loaded from %s (%s -> %s), warm-up decode %.0f ms", args.path, source_lang, target_lang, (time.perf_counter() - started) * 1000)
-    except (ValueError, OSError) as error:
-        sock.close()
-        print(f"nmt-serve: error: {error}", file=sys.stderr)
-        return 1
-    backend = "ctranslate2" if isinstance(translator, CT2Translator) else "torch"
-    app = create_app(translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend)
-    host, port = sock.getsockname()[:2]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on"))
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handlers that
-    # were there before it: ours, so that a requested stop ends with exit status 0.
-    for stop_signal in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stop_signal, lambda *_: None)
-    print(f"nmt-serve: listening on http://{host}:{port} ({backend}, {source_lang} -> {target_lang})", file=sys.stderr, flush=True)
-    server.run(sockets=[sock])
+        backend = "ctranslate2" if isinstance(translator, CT2Translator) else "torch"
+        app = create_app(translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on"))
+        # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handlers
+        # that were there before it: ours, so that a requested stop ends with exit status 0.
+        for stop_signal in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop_signal, lambda *_: None)
+        host, port = sock.getsockname()[:2]
+        print(f"nmt-serve: listening on http://{host}:{port} ({backend}, {source_lang} -> {target_lang})", file=sys.stderr, flush=True)
+        server.run(sockets=[sock])
     return 0 if server.started else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    return run_main("nmt-serve", lambda: _serve(args))
 
 
 if __name__ == "__main__":

@@ -15,13 +15,45 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import zipfile
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from nmt.fileio import atomic_write
+
 FORMAT = "nmt-checkpoint"
 VERSION = 1
+
+LAST = "checkpoint_last.pt"
+BEST = "checkpoint_best.pt"
+# Numbered checkpoints: checkpoint{epoch}.pt at an epoch's end, checkpoint_{epoch}_{update}.pt in between.
+NUMBERED = re.compile(r"checkpoint\d+\.pt|checkpoint_\d+_\d+\.pt")
+
+
+def numbered_name(*, epoch: int, num_updates: int, end_of_epoch: bool) -> str:
+    return f"checkpoint{epoch}.pt" if end_of_epoch else f"checkpoint_{epoch}_{num_updates}.pt"
+
+
+def numbered_checkpoints(save_dir: str) -> list[str]:
+    """The numbered checkpoints in ``save_dir``, newest first (by modification time)."""
+    paths = [os.path.join(save_dir, name) for name in os.listdir(save_dir) if NUMBERED.fullmatch(name)]
+    return sorted(paths, key=os.path.getmtime, reverse=True)
+
+
+def last_checkpoints(save_dir: str, count: int) -> list[str]:
+    """The ``count`` newest numbered checkpoints in ``save_dir``."""
+    if not os.path.isdir(save_dir):
+        raise ValueError(f"{save_dir}: not a directory (--average-last needs a save dir as --path)")
+    numbered = numbered_checkpoints(save_dir)
+    if len(numbered) < count:
+        raise ValueError(
+            f"{save_dir}: --average-last {count} needs {count} numbered checkpoints "
+            f"(checkpoint{{epoch}}.pt or checkpoint_{{epoch}}_{{update}}.pt), found {len(numbered)}"
+        )
+    return numbered[:count]
 
 
 def bytes_to_tensor(data: bytes) -> torch.Tensor:
@@ -33,24 +65,9 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def atomic_torch_save(obj: dict[str, Any], path: str) -> None:
-    """Write to a temporary file, fsync, rename: a kill mid-save never leaves a broken ``path``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp_path = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp_path, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    """``torch.save`` through ``atomic_write``: a kill or a full disk never leaves a broken ``path``."""
+    with atomic_write(path) as handle:
+        torch.save(obj, handle)
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
@@ -67,3 +84,48 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     if state.get("version") != VERSION:
         raise ValueError(f"{path}: checkpoint version {state.get('version')}, this nmt reads version {VERSION}")
     return state
+
+
+def _require_keys(state: dict[str, Any], path: str) -> None:
+    for key in ("model", "model_config", "vocab"):
+        if key not in state:
+            raise ValueError(f"{path}: checkpoint has no {key!r} entry")
+
+
+def same_vocab(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def load_averaged_checkpoint(paths: Sequence[str]) -> dict[str, Any]:
+    """One checkpoint, or several with their weights averaged (same model config and vocabulary).
+
+    The sum is taken in float64 so that the order of the files does not change the result and the
+    average of identical checkpoints is exactly that checkpoint.
+    """
+    if not paths:
+        raise ValueError("--path: no checkpoint given")
+    first = load_checkpoint(paths[0])
+    _require_keys(first, paths[0])
+    if len(paths) == 1:
+        return first
+    weights = first["model"]
+    sums = {name: tensor.double() if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
+    for path in paths[1:]:
+        state = load_checkpoint(path)
+        _require_keys(state, path)
+        if state["model_config"] != first["model_config"]:
+            raise ValueError(f"{path}: model config differs from {paths[0]}'s; only checkpoints of one model can be averaged")
+        if not same_vocab(state["vocab"], first["vocab"]):
+            raise ValueError(f"{path}: vocabulary differs from {paths[0]}'s; only checkpoints of one model can be averaged")
+        if state["model"].keys() != weights.keys():
+            raise ValueError(f"{path}: parameter names differ from {paths[0]}'s; only checkpoints of one model can be averaged")
+        for name, tensor in state["model"].items():
+            if tensor.is_floating_point():
+                sums[name] += tensor.double()
+    averaged = {
+        name: (total / len(paths)).to(weights[name].dtype) if weights[name].is_floating_point() else total
+        for name, total in sums.items()
+    }
+    return {"format": FORMAT, "version": VERSION, "model": averaged, "model_config": first["model_config"], "vocab": first["vocab"]}

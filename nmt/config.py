@@ -1,18 +1,47 @@
-"""Typed configurations, validated once at the edge.
+"""Typed configurations in sections, validated once at the edge; the command lines are made from them.
 
-Every config is a plain dataclass of plain values (str, int, float, bool, tuples, lists), so it can be
-saved into a checkpoint as a dict and loaded back with ``torch.load(weights_only=True)``. Errors
-are ``ValueError`` naming the command-line option (``--max-len``), because that is what the user
-typed and what they have to change.
+Every config is a plain dataclass of plain values (str, int, float, bool, tuples, lists, nested
+sections), so it can be saved into a checkpoint as a dict and loaded back with
+``torch.load(weights_only=True)``. Each field carries its help text and choices (``opt``); the CLIs
+generate their options from the fields (``nmt_cli.options``), so a default, a choice or a help text
+lives in one place. Errors are ``ValueError`` naming the command-line option (``--max-len``),
+because that is what the user typed and what they have to change.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def opt(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    choices: tuple[Any, ...] | None = None,
+    aliases: tuple[str, ...] = (),
+    metavar: str | None = None,
+    cli: bool = True,
+    positional: bool = False,
+    required: bool = False,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A config field with what its command-line option needs (help, choices, fairseq aliases).
+
+    ``cli=False``: set by the program (e.g. vocabulary sizes from the manifest), never a flag.
+    ``required``: a list option that must be given at least once.
+    """
+    metadata = {
+        "help": help, "choices": choices, "aliases": aliases, "metavar": metavar, "cli": cli,
+        "positional": positional, "required": required,
+    }
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def option_name(field_name: str) -> str:
@@ -25,6 +54,19 @@ def _require(condition: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{option_name(field_name)}: {message}")
 
 
+def _check_choices(config: Any) -> None:
+    for f in dataclasses.fields(config):
+        choices = f.metadata.get("choices")
+        value = getattr(config, f.name)
+        if choices and value is not None and value not in choices:
+            raise ValueError(f"{option_name(f.name)}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a config class (``from __future__ import annotations`` makes them strings)."""
+    return typing.get_type_hints(cls)
+
+
 def to_dict(config: Any) -> dict[str, Any]:
     """Plain nested dict (tuples become lists), safe for JSON and ``weights_only`` loading."""
     return dataclasses.asdict(config)
@@ -32,14 +74,18 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def from_dict(cls: type[T], values: dict[str, Any]) -> T:
     """Rebuild ``cls`` from ``to_dict`` output, ignoring unknown keys (older/newer checkpoints)."""
-    names = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    types = field_types(cls)
     kwargs = {}
-    for key, value in values.items():
-        if key not in names:
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in values:
             continue
-        if isinstance(value, list) and "tuple" in str(names[key].type):
+        value = values[f.name]
+        kind = types[f.name]
+        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
+            value = from_dict(kind, value)
+        elif isinstance(value, list) and "tuple" in str(kind):
             value = tuple(value)
-        kwargs[key] = value
+        kwargs[f.name] = value
     return cls(**kwargs)
 
 
@@ -48,37 +94,36 @@ SPECIAL_SYMBOLS = ("pad", "bos", "eos", "unk")
 
 @dataclass
 class PreprocessConfig:
-    source_lang: str
-    target_lang: str
-    destdir: str
-    trainpref: list[str] = field(default_factory=list)
-    validpref: list[str] = field(default_factory=list)
-    testpref: list[str] = field(default_factory=list)
-    spm_model: str | None = None
-    spm_vocab_size: int = 8000
-    spm_model_type: str = "unigram"
-    separate_vocab: bool = False
-    spm_character_coverage: float = 1.0
-    spm_sample_size: int = 1_000_000
-    max_len: int = 256
-    min_len: int = 1
-    max_len_ratio: float = 3.0
-    workers: int = 0  # 0: all cores
-    skip_invalid: bool = False
-    overwrite: bool = False
-    seed: int = 1
+    source_lang: str = opt(help="source language suffix of the text files", aliases=("-s",))
+    target_lang: str = opt(help="target language suffix of the text files", aliases=("-t",))
+    destdir: str = opt(help="output directory of the dataset")
+    trainpref: list[str] = opt(
+        default_factory=list, required=True, help="P reads P.SRC/P.TGT (or .gz); comma-separate or repeat for several corpora"
+    )
+    validpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
+    testpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
+    spm_model: str | None = opt(None, "reuse this SentencePiece model instead of training one")
+    spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size")
+    spm_model_type: str = opt("unigram", "SentencePiece algorithm", choices=("unigram", "bpe"))
+    separate_vocab: bool = opt(False, "one SentencePiece model per language")
+    spm_character_coverage: float = opt(1.0, "SentencePiece character coverage")
+    spm_sample_size: int = opt(1_000_000, "max sentences used to train SentencePiece")
+    max_len: int = opt(256, "drop training pairs with a side longer than this (tokens incl. EOS)")
+    min_len: int = opt(1, "drop training pairs with a side shorter than this (pieces)")
+    max_len_ratio: float = opt(3.0, "drop training pairs whose longer side exceeds this ratio to the shorter")
+    workers: int = opt(0, "threads for SentencePiece (0: all cores); output is identical for any value")
+    skip_invalid: bool = opt(False, "drop (train) or repair (valid/test) lines that are not UTF-8, and count them")
+    overwrite: bool = opt(False, "replace an existing non-empty --destdir")
+    seed: int = opt(1, "seed of the SentencePiece training sample")
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         _require(bool(self.source_lang), "source_lang", "must not be empty")
         _require(bool(self.target_lang), "target_lang", "must not be empty")
         _require(self.source_lang != self.target_lang, "target_lang", "must differ from --source-lang")
+        _require(bool(self.destdir), "destdir", "must not be empty")
         _require(bool(self.trainpref), "trainpref", "at least one training prefix is required")
         _require(self.spm_vocab_size >= 8, "spm_vocab_size", f"must be >= 8, got {self.spm_vocab_size}")
-        _require(
-            self.spm_model_type in ("unigram", "bpe"),
-            "spm_model_type",
-            f"must be unigram or bpe, got {self.spm_model_type!r}",
-        )
         _require(
             0.0 < self.spm_character_coverage <= 1.0,
             "spm_character_coverage",
@@ -98,35 +143,43 @@ class PreprocessConfig:
 
 @dataclass
 class ModelConfig:
-    """Encoder-decoder transformer hyper-parameters (fairseq's flag names)."""
+    """Encoder-decoder transformer hyper-parameters (fairseq's flag names).
 
-    src_vocab_size: int = 8000
-    tgt_vocab_size: int = 8000
-    pad_id: int = 0
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    encoder_embed_dim: int = 256
-    decoder_embed_dim: int = 256
-    encoder_ffn_embed_dim: int = 1024
-    decoder_ffn_embed_dim: int = 1024
-    encoder_attention_heads: int = 4
-    decoder_attention_heads: int = 4
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation_fn: str = "relu"
-    encoder_normalize_before: bool = False
-    decoder_normalize_before: bool = False
-    encoder_learned_pos: bool = False
-    decoder_learned_pos: bool = False
-    max_source_positions: int = 1024
-    max_target_positions: int = 1024
-    no_scale_embedding: bool = False
-    share_all_embeddings: bool = False
-    share_decoder_input_output_embed: bool = False
-    attention: str = "auto"  # auto | xformers | sdpa | varlen
+    On the command line every field overrides the ``--arch`` preset only when given.
+    """
+
+    src_vocab_size: int = opt(8000, cli=False)
+    tgt_vocab_size: int = opt(8000, cli=False)
+    pad_id: int = opt(0, cli=False)
+    encoder_layers: int = opt(3)
+    decoder_layers: int = opt(3)
+    encoder_embed_dim: int = opt(256)
+    decoder_embed_dim: int = opt(256)
+    encoder_ffn_embed_dim: int = opt(1024)
+    decoder_ffn_embed_dim: int = opt(1024)
+    encoder_attention_heads: int = opt(4)
+    decoder_attention_heads: int = opt(4)
+    dropout: float = opt(0.1)
+    attention_dropout: float = opt(0.0)
+    activation_dropout: float = opt(0.0)
+    activation_fn: str = opt("relu", choices=("relu", "gelu"))
+    encoder_normalize_before: bool = opt(False, "layer norm before each encoder sublayer (pre-norm)")
+    decoder_normalize_before: bool = opt(False, "layer norm before each decoder sublayer (pre-norm)")
+    encoder_learned_pos: bool = opt(False, "learned instead of sinusoidal encoder positions")
+    decoder_learned_pos: bool = opt(False, "learned instead of sinusoidal decoder positions")
+    max_source_positions: int = opt(1024)
+    max_target_positions: int = opt(1024)
+    no_scale_embedding: bool = opt(False, "do not scale embeddings by sqrt(dim)")
+    share_all_embeddings: bool = opt(False, "one embedding for encoder input, decoder input and output (joint vocabulary)")
+    share_decoder_input_output_embed: bool = opt(False, "tie the decoder's input embedding and output projection")
+    attention: str = opt(
+        "auto",
+        "attention kernel (auto: xFormers on CUDA when installed, PyTorch SDPA elsewhere)",
+        choices=("auto", "xformers", "sdpa", "varlen"),
+    )
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         for side in ("encoder", "decoder"):
             dim = getattr(self, f"{side}_embed_dim")
             heads = getattr(self, f"{side}_attention_heads")
@@ -141,17 +194,11 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, name, f"must be in [0, 1), got {value}")
-        _require(self.activation_fn in ("relu", "gelu"), "activation_fn", f"must be relu or gelu, got {self.activation_fn!r}")
         for name in ("src_vocab_size", "tgt_vocab_size"):
             size = getattr(self, name)
             _require(0 <= self.pad_id < size, name, f"({size}) must hold the padding id {self.pad_id}")
         for name in ("max_source_positions", "max_target_positions"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
-        _require(
-            self.attention in ("auto", "xformers", "sdpa", "varlen"),
-            "attention",
-            f"must be auto, xformers, sdpa or varlen, got {self.attention!r}",
-        )
         if self.share_all_embeddings:
             _require(
                 self.src_vocab_size == self.tgt_vocab_size,
@@ -166,73 +213,73 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Everything ``nmt-train`` needs besides the model; fairseq's flag names where it has them."""
+class BatchingConfig:
+    """Everything besides the lengths, the seed and the epoch that the global batch sequence depends
+    on (never the world size), plus how an update is split into micro-batches."""
 
-    data_dir: str
-    save_dir: str = "checkpoints"
-    arch: str = "transformer_tiny"
-    train_subsets: tuple[str, ...] = ("train",)
-    valid_subset: str = "valid"
-    # several corpora: weights (or temperature sampling) and the samples per epoch (0: sum of sizes)
-    subset_weights: tuple[float, ...] | None = None
-    sampling_temperature: float = 0.0
-    epoch_samples: int = 0
-    # batching
-    max_tokens: int = 4096
-    max_sentences: int | None = None
-    update_freq: int = 1
-    batch_noise: float = 0.1
-    noise_mode: str = "ties"
-    layout: str = "padded"  # padded | packed
-    max_tokens_per_microbatch: int | None = None
-    curriculum: str | None = None  # None | "length" | "file:PATH"
-    curriculum_epochs: int = 0
-    competence_updates: int = 0  # > 0: square-root competence reaching 1 at this update
-    competence_initial: float = 0.1
-    num_workers: int = 0
-    # optimisation
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0
-    label_smoothing: float = 0.1
-    lr_scheduler: str = "inverse_sqrt"  # inverse_sqrt | fixed | cosine
-    warmup_updates: int = 1000
-    warmup_init_lr: float = 1e-7
-    min_lr: float = 0.0
-    lr_scaling: str = "none"  # none | linear | sqrt
-    lr_scaling_reference: float = 0.0  # 0: the first update's batch size
-    lr_scaling_by: str = "tokens"  # sentences | tokens
-    max_consecutive_nonfinite: int = 5
-    # precision / compilation / device
-    bf16: bool = False
-    fp16: bool = False
-    compile: bool = False
-    length_multiple: int = 8  # bucket granularity of padded lengths under --compile
-    device: str = "auto"  # auto | cpu | cuda
-    # stopping
-    max_update: int = 0
-    max_epoch: int = 0
-    stop_time_hours: float = 0.0
-    patience: int = -1
-    seed: int = 1
-    # checkpoints, validation, logging
-    save_interval_updates: int = 0
-    no_epoch_checkpoints: bool = False
-    keep_last: int = -1  # -1: keep every numbered checkpoint
-    validate_interval_updates: int = 0
-    eval_bleu: bool = False
-    eval_bleu_beam: int = 1
-    best_checkpoint_metric: str = "loss"  # loss | bleu
-    tensorboard_logdir: str | None = None
-    log_interval: int = 10
-    log_format: str = "simple"  # simple | json
-    log_all_ranks: bool = False
+    max_tokens: int = opt(4096, "token budget per batch, padding included (packed: real tokens per side)")
+    max_sentences: int | None = opt(None, "sentences per batch at most", aliases=("--batch-size",))
+    required_batch_size_multiple: int = opt(1, "round batch sizes down to a multiple of this (when they hold that many)")
+    update_freq: int = opt(1, "accumulate this many batches per update (per rank)")
+    batch_noise: float = opt(0.1, "length noise ratio in [0, 1); 0 gives a fixed sorted order")
+    noise_mode: str = opt("ties", "ties: shuffle equal lengths; length: multiply lengths by uniform noise", choices=("ties", "length"))
+    layout: str = opt("padded", "padded, or packed (padding removed)", choices=("padded", "packed"))
+    max_tokens_per_microbatch: int | None = opt(None, "split larger batches into balanced micro-batches under this cap")
+    length_multiple: int = opt(8, "length bucket size of the static shapes under --compile")
+    curriculum_epochs: int = opt(0, "epochs run in order of increasing difficulty (with --curriculum)")
+    curriculum_bins: int = opt(10, "difficulty bins a curriculum batch never crosses")
+    competence_updates: int = opt(0, "square-root competence: all data eligible from this update (0: off)")
+    competence_initial: float = opt(0.1, "competence at update 0")
 
     def __post_init__(self) -> None:
+        _check_choices(self)
+        _require(self.max_tokens > 0, "max_tokens", f"must be positive, got {self.max_tokens}")
+        _require(self.max_sentences is None or self.max_sentences > 0, "max_sentences", "must be positive")
+        _require(self.required_batch_size_multiple >= 1, "required_batch_size_multiple", "must be >= 1")
+        _require(self.update_freq >= 1, "update_freq", f"must be >= 1, got {self.update_freq}")
+        _require(0 <= self.batch_noise < 1, "batch_noise", f"must be in [0, 1), got {self.batch_noise}")
+        _require(
+            self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch > 0,
+            "max_tokens_per_microbatch",
+            "must be positive",
+        )
+        _require(self.length_multiple >= 1, "length_multiple", "must be >= 1")
+        _require(self.curriculum_epochs >= 0, "curriculum_epochs", "must be >= 0")
+        _require(self.curriculum_bins >= 1, "curriculum_bins", "must be >= 1")
+        _require(self.competence_updates >= 0, "competence_updates", "must be >= 0")
+        _require(0 < self.competence_initial <= 1, "competence_initial", "must be in (0, 1]")
+
+    @property
+    def packed(self) -> bool:
+        return self.layout == "packed"
+
+
+CURRICULUM_KINDS = ("length", "file:PATH[,PATH...]", "model:CHECKPOINT")
+
+
+@dataclass
+class DataConfig:
+    """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
+
+    data_dir: str = opt(help="directory written by nmt-preprocess", positional=True)
+    train_subsets: tuple[str, ...] = opt(
+        ("train",), "training split(s), comma-separated: several are blended by weight", aliases=("--train-subset",)
+    )
+    valid_subset: str = opt("valid", "validation split")
+    subset_weights: tuple[float, ...] | None = opt(None, "comma-separated weights, one per --train-subsets entry")
+    sampling_temperature: float = opt(0.0, "weights proportional to size^(1/T) (0: to size)")
+    epoch_samples: int = opt(0, "samples per epoch of the blend (0: the sum of corpus sizes)")
+    curriculum: str | None = opt(
+        None,
+        "difficulty order: length; file:PATH with one score per training line (one file per "
+        "--train-subsets entry, comma-separated); or model:CHECKPOINT (each pair scored by that model's loss)",
+    )
+    num_workers: int = opt(0, "data-loading worker processes")
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _require(bool(self.data_dir), "data_dir", "must not be empty")
         _require(len(self.train_subsets) >= 1, "train_subsets", "at least one training split is required")
         _require(len(set(self.train_subsets)) == len(self.train_subsets), "train_subsets", "names a split twice")
         _require(
@@ -243,83 +290,164 @@ class TrainConfig:
         _require(not (self.subset_weights and self.sampling_temperature), "sampling_temperature", "cannot be combined with --subset-weights")
         _require(self.sampling_temperature >= 0, "sampling_temperature", "must be > 0 (0: proportional to size)")
         _require(self.epoch_samples >= 0, "epoch_samples", "must be >= 0 (0: the sum of the corpus sizes)")
+        kind = (self.curriculum or "").split(":", 1)[0]
         _require(
-            not (self.curriculum or "").startswith("file:") or len(self.train_subsets) == 1,
+            self.curriculum is None or self.curriculum == "length" or (kind in ("file", "model") and ":" in self.curriculum),
             "curriculum",
-            "file:PATH scores need a single --train-subsets corpus (use length with blends)",
+            f"must be one of {', '.join(CURRICULUM_KINDS)}, got {self.curriculum!r}",
         )
-        _require(self.max_tokens > 0, "max_tokens", f"must be positive, got {self.max_tokens}")
-        _require(self.max_sentences is None or self.max_sentences > 0, "max_sentences", "must be positive")
-        _require(self.update_freq >= 1, "update_freq", f"must be >= 1, got {self.update_freq}")
-        _require(self.batch_noise >= 0, "batch_noise", f"must be >= 0, got {self.batch_noise}")
-        _require(self.noise_mode in ("ties", "length"), "noise_mode", f"must be ties or length, got {self.noise_mode!r}")
-        _require(self.layout in ("padded", "packed"), "layout", f"must be padded or packed, got {self.layout!r}")
-        _require(
-            self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch > 0,
-            "max_tokens_per_microbatch",
-            "must be positive",
-        )
-        _require(
-            self.curriculum in (None, "length") or (self.curriculum or "").startswith("file:"),
-            "curriculum",
-            f"must be length or file:PATH, got {self.curriculum!r}",
-        )
-        _require(self.curriculum_epochs >= 0, "curriculum_epochs", "must be >= 0")
-        _require(self.competence_updates >= 0, "competence_updates", "must be >= 0")
-        _require(0 < self.competence_initial <= 1, "competence_initial", "must be in (0, 1]")
+        if kind == "file":
+            paths = self.curriculum_files
+            _require(
+                len(paths) == len(self.train_subsets) and all(paths),
+                "curriculum",
+                f"file: needs one score file per --train-subsets entry ({len(self.train_subsets)}), got {len(paths)}",
+            )
         _require(self.num_workers >= 0, "num_workers", "must be >= 0")
-        _require(self.optimizer == "adam", "optimizer", f"only adam is available, got {self.optimizer!r}")
+        _require(
+            self.batching.competence_updates == 0 or self.curriculum is not None,
+            "competence_updates",
+            "needs a difficulty (--curriculum)",
+        )
+
+    @property
+    def curriculum_files(self) -> list[str]:
+        return self.curriculum[len("file:") :].split(",") if (self.curriculum or "").startswith("file:") else []
+
+    @property
+    def blended(self) -> bool:
+        """Several corpora, or explicit weights or epoch size: a blend index per epoch."""
+        return len(self.train_subsets) > 1 or bool(self.subset_weights) or bool(self.epoch_samples)
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = opt("adam", "Adam (fairseq's name; the only optimizer)", choices=("adam",))
+    lr: float = opt(1e-3, "peak learning rate")
+    adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2")
+    adam_eps: float = opt(1e-8)
+    weight_decay: float = opt(0.0)
+    clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
+    label_smoothing: float = opt(0.1)
+    lr_scheduler: str = opt("inverse_sqrt", choices=("inverse_sqrt", "fixed", "cosine"))
+    warmup_updates: int = opt(1000, "linear warm-up from --warmup-init-lr to --lr over this many updates")
+    warmup_init_lr: float = opt(1e-7)
+    min_lr: float = opt(0.0, "floor of the cosine schedule")
+    lr_scaling: str = opt("none", "scale the lr with the update's batch size", choices=("none", "linear", "sqrt"))
+    lr_scaling_reference: float = opt(0.0, "batch size at which the scale is 1 (0: the first update's)")
+    lr_scaling_by: str = opt("tokens", "batch size counted in", choices=("sentences", "tokens"))
+    max_consecutive_nonfinite: int = opt(5, "stop after this many updates in a row with a non-finite loss or gradient")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
         _require(self.lr > 0, "lr", f"must be positive, got {self.lr}")
-        _require(all(0 <= b < 1 for b in self.adam_betas) and len(self.adam_betas) == 2, "adam_betas", "two values in [0, 1)")
+        _require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "two values in [0, 1)")
+        _require(self.adam_eps > 0, "adam_eps", "must be positive")
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         _require(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 disables clipping)")
         _require(0 <= self.label_smoothing < 1, "label_smoothing", "must be in [0, 1)")
-        _require(
-            self.lr_scheduler in ("inverse_sqrt", "fixed", "cosine"),
-            "lr_scheduler",
-            f"must be inverse_sqrt, fixed or cosine, got {self.lr_scheduler!r}",
-        )
         _require(self.warmup_updates >= 0, "warmup_updates", "must be >= 0")
-        _require(self.lr_scheduler != "cosine" or self.max_update > 0, "lr_scheduler", "cosine needs --max-update")
-        _require(self.lr_scaling in ("none", "linear", "sqrt"), "lr_scaling", f"must be none, linear or sqrt, got {self.lr_scaling!r}")
+        _require(self.warmup_init_lr >= 0, "warmup_init_lr", "must be >= 0")
+        _require(self.min_lr >= 0, "min_lr", "must be >= 0")
         _require(self.lr_scaling_reference >= 0, "lr_scaling_reference", "must be >= 0")
-        _require(self.lr_scaling_by in ("sentences", "tokens"), "lr_scaling_by", "must be sentences or tokens")
         _require(self.max_consecutive_nonfinite >= 1, "max_consecutive_nonfinite", "must be >= 1")
-        _require(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
-        _require(self.length_multiple >= 1, "length_multiple", "must be >= 1")
-        _require(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
-        for name in ("max_update", "max_epoch", "save_interval_updates", "validate_interval_updates"):
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and when to save, when to validate, which checkpoint is the best."""
+
+    save_dir: str = opt("checkpoints", "directory of the checkpoints (a run resumes from its checkpoint_last.pt)")
+    save_interval_updates: int = opt(0, "also save a numbered checkpoint every N updates (0: off)")
+    no_epoch_checkpoints: bool = opt(False, "no numbered checkpoint at the end of each epoch")
+    keep_last: int = opt(-1, "numbered checkpoints to keep (-1: all)")
+    validate_interval_updates: int = opt(0, "also validate every N updates (0: at epoch ends only)")
+    eval_bleu: bool = opt(False, "decode the validation set and report sacreBLEU")
+    eval_bleu_beam: int = opt(1, "beam size of --eval-bleu")
+    best_checkpoint_metric: str = opt("loss", "what checkpoint_best.pt is best at", choices=("loss", "bleu"))
+    patience: int = opt(-1, "stop after this many validations without improvement (-1: never)")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _require(bool(self.save_dir), "save_dir", "must not be empty")
+        for name in ("save_interval_updates", "validate_interval_updates"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")
-        _require(self.stop_time_hours >= 0, "stop_time_hours", "must be >= 0")
         _require(self.keep_last == -1 or self.keep_last >= 1, "keep_last", "must be -1 (keep all) or >= 1")
         _require(self.eval_bleu_beam >= 1, "eval_bleu_beam", "must be >= 1")
-        _require(self.best_checkpoint_metric in ("loss", "bleu"), "best_checkpoint_metric", "must be loss or bleu")
         _require(self.best_checkpoint_metric != "bleu" or self.eval_bleu, "best_checkpoint_metric", "bleu needs --eval-bleu")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard_logdir: str | None = opt(None, "write TensorBoard scalars here")
+    log_interval: int = opt(10, "log training statistics every N updates")
+    log_format: str = opt("simple", "simple, or json (one object per line on stdout)", choices=("simple", "json"))
+    log_all_ranks: bool = opt(False, "log from every rank, not only rank 0")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
         _require(self.log_interval >= 1, "log_interval", "must be >= 1")
-        _require(self.log_format in ("simple", "json"), "log_format", "must be simple or json")
+
+
+@dataclass
+class RunConfig:
+    """The model preset, device, precision and compilation, when to stop, the seed."""
+
+    arch: str = opt("transformer_tiny", "model preset; model flags override it one by one")
+    device: str = opt("auto", "auto: CUDA when available", choices=("auto", "cpu", "cuda"))
+    bf16: bool = opt(False, "bfloat16 autocast")
+    fp16: bool = opt(False, "float16 autocast with loss scaling (overflows skip the update)")
+    compile: bool = opt(False, "torch.compile with static (bucketed) shapes, all compiled at start-up")
+    seed: int = opt(1, "seed of the weights, the batch order and dropout")
+    max_update: int = opt(0, "stop after this many updates (0: no limit)")
+    max_epoch: int = opt(0, "stop after this many epochs (0: no limit)")
+    stop_time_hours: float = opt(0.0, "stop after this much wall-clock time (0: no limit)")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _require(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
+        for name in ("max_update", "max_epoch"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(self.stop_time_hours >= 0, "stop_time_hours", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``nmt-train`` needs besides the model, in sections."""
+
+    data: DataConfig
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.optim.lr_scheduler != "cosine" or self.run.max_update > 0, "lr_scheduler", "cosine needs --max-update")
 
 
 @dataclass
 class EvalConfig:
     """How to decode (fairseq-generate's flag names); the data, checkpoint and file options stay in the CLI."""
 
-    beam: int = 5
-    nbest: int = 1
-    lenpen: float = 1.0
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    min_len: int = 1  # fairseq's default: EOS is not allowed as the first token (no empty output)
-    no_repeat_ngram_size: int = 0
-    sampling: bool = False
-    temperature: float = 1.0
-    topk: int = 0  # 0: sample from the whole vocabulary
-    topp: float = 1.0  # 1.0: no nucleus truncation
-    seed: int = 1
-    batch_size: int | None = None  # sentences per batch; 64 when neither this nor max_tokens is given
-    max_tokens: int | None = None  # source tokens per batch, padding included
-    buffer_size: int = 4096  # raw-text lines read, translated and written at a time (bounded memory)
+    beam: int = opt(5, "beam size; 1 decodes greedily; with --sampling, samples per sentence")
+    nbest: int = opt(1, "translations per sentence")
+    lenpen: float = opt(1.0, "score / length ** lenpen")
+    max_len_a: float = opt(1.2, "generate at most a * source length + b tokens")
+    max_len_b: int = opt(10, "generate at most a * source length + b tokens")
+    # fairseq's default: EOS is not allowed as the first token (no empty output)
+    min_len: int = opt(1, "generate at least this many tokens")
+    no_repeat_ngram_size: int = opt(0, "never repeat an n-gram of this size (0: off)")
+    sampling: bool = opt(False, "sample instead of beam search")
+    temperature: float = opt(1.0, "sampling temperature")
+    topk: int = opt(0, "sample from the k most likely tokens (0: all)")
+    topp: float = opt(1.0, "sample from the smallest set with probability >= p")
+    seed: int = opt(1, "sampling seed")
+    batch_size: int | None = opt(None, "sentences per batch (default 64 unless --max-tokens is given)")
+    max_tokens: int | None = opt(None, "source tokens per batch, padding included")
+    buffer_size: int = opt(4096, "raw-text lines read, translated and written at a time")
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         if self.batch_size is None and self.max_tokens is None:
             self.batch_size = 64
         _require(self.beam >= 1, "beam", f"must be >= 1, got {self.beam}")

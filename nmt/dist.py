@@ -54,10 +54,6 @@ def get_world_size() -> int:
     return torch_dist.get_world_size() if is_initialized() else 1
 
 
-def is_main() -> bool:
-    return get_rank() == 0
-
-
 def init_distributed(device_type: str, *, timeout_minutes: float = 30.0) -> DistEnv:
     """Join the process group torchrun describes (gloo on CPU, NCCL on CUDA); no-op for one rank."""
     env = env_from_environ()
@@ -130,14 +126,6 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     holder = [obj]
     torch_dist.broadcast_object_list(holder, src=src)
     return holder[0]
-
-
-def all_gather_object(obj: object) -> list[object]:
-    if get_world_size() == 1:
-        return [obj]
-    gathered: list[object] = [None] * get_world_size()
-    torch_dist.all_gather_object(gathered, obj)
-    return gathered
 
 
 def all_gather_variable(tensor: torch.Tensor) -> list[torch.Tensor]:

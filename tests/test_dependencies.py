@@ -1,4 +1,5 @@
-"""DESIGN.md's one-way dependencies: cli -> deploy -> eval; cli -> train, eval -> model, data -> config, dist, checkpoint_io."""
+"""DESIGN.md's one-way dependencies: cli -> deploy -> eval; cli -> train, eval -> model, data -> config,
+dist, checkpoint_io, fileio; and no import cycle between any two modules of nmt."""
 
 import ast
 import pathlib
@@ -14,6 +15,8 @@ FORBIDDEN = {
     "nmt/deploy": ("nmt.train", "nmt_cli"),
     "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
     "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy"),
+    "nmt/checkpoint_io.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/fileio.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
 }
 
 
@@ -45,3 +48,32 @@ def test_config_does_not_import_torch_at_import_time():
 
     code = "import sys, nmt.config, nmt; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_cycle_inside_nmt():
+    modules = {module_name(path): path for path in (ROOT / "nmt").rglob("*.py")}
+    graph = {
+        name: {m for m in imported_modules(path) if m in modules and m != name and not name.startswith(m + ".")}
+        for name, path in modules.items()
+    }
+    done, stack = set(), []
+
+    def visit(name: str) -> None:
+        if name in stack:
+            cycle = stack[stack.index(name):] + [name]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        stack.append(name)
+        for target in sorted(graph[name]):
+            visit(target)
+        stack.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)

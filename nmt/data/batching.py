@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from nmt.config import BatchingConfig
 from nmt.data.curriculum import (
     Curriculum,
     competence_schedule,
@@ -34,63 +35,8 @@ from nmt.data.curriculum import (
     difficulty_from,
 )
 
-NOISE_MODES = ("ties", "length")
 # Independent random streams per (seed, epoch): composition noise, batch shuffle, competence repeats.
 _NOISE_STREAM, _SHUFFLE_STREAM, _REPEAT_STREAM = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class BatchingOptions:
-    """Everything besides the lengths that the global batch sequence depends on (never the world size).
-
-    ``curriculum_epochs``: epochs run in order of increasing difficulty (when a difficulty is given).
-    ``curriculum_bins``: while a curriculum is active, samples are cut into this many equal-size
-    difficulty bins (by rank) and batches never cross a bin, so a batch stays homogeneous in
-    difficulty even when the score is unrelated to length; the price is up to one partial batch
-    per bin boundary.
-    ``competence_updates`` (T) / ``competence_initial`` (c0): square-root competence; None = off.
-    ``batches_per_update``: global batches per optimizer update (ranks x accumulation steps); only
-    the competence schedule uses it, to map stream positions to updates.
-    """
-
-    max_tokens: int
-    noise: float = 0.1
-    noise_mode: str = "ties"
-    shuffle: bool = True
-    seed: int = 0
-    batch_size_multiple: int = 1
-    max_sentences: int | None = None
-    length_multiple: int = 1
-    packed: bool = False
-    curriculum_epochs: int = 1
-    curriculum_bins: int = 10
-    competence_updates: int | None = None
-    competence_initial: float = 0.01
-    batches_per_update: int = 1
-
-    def __post_init__(self) -> None:
-        positive = {
-            "max_tokens": self.max_tokens,
-            "batch_size_multiple": self.batch_size_multiple,
-            "length_multiple": self.length_multiple,
-            "curriculum_bins": self.curriculum_bins,
-            "batches_per_update": self.batches_per_update,
-        }
-        if self.max_sentences is not None:
-            positive["max_sentences"] = self.max_sentences
-        if self.competence_updates is not None:
-            positive["competence_updates"] = self.competence_updates
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.noise_mode not in NOISE_MODES:
-            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
-        if not 0.0 <= self.noise < 1.0:
-            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
-        if self.curriculum_epochs < 0:
-            raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
-        if not 0.0 < self.competence_initial <= 1.0:
-            raise ValueError(f"competence_initial must be in (0, 1], got {self.competence_initial}")
 
 
 @dataclass(frozen=True)
@@ -130,25 +76,32 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
     return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
+def padded_rows(length: int, *, max_tokens: int, max_sentences: int | None) -> int:
+    """How many samples padded to ``length`` fit the budget: the padded cost of a batch is
+    rows x longest (the rule ``greedy_offsets`` cuts by and static shapes are sized by)."""
+    rows = max_tokens // length
+    return rows if max_sentences is None else min(rows, max_sentences)
+
+
 def check_lengths(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, options: BatchingOptions
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, *, max_tokens: int, length_multiple: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lengths rounded up to ``length_multiple``; ValueError naming the first sample that cannot fit
     in any batch (the preprocess filter prevents it)."""
     if src_lengths.shape != tgt_lengths.shape or src_lengths.ndim != 1:
         raise ValueError(f"src_lengths {src_lengths.shape} and tgt_lengths {tgt_lengths.shape} must be equal 1-D")
-    src = round_up(src_lengths, options.length_multiple)
-    tgt = round_up(tgt_lengths, options.length_multiple)
+    src = round_up(src_lengths, length_multiple)
+    tgt = round_up(tgt_lengths, length_multiple)
     negative = np.flatnonzero((src_lengths < 0) | (tgt_lengths < 0))
     if negative.size:
         raise ValueError(f"sample {negative[0]} has a negative length")
-    too_long = np.flatnonzero(np.maximum(src, tgt) > options.max_tokens)
+    too_long = np.flatnonzero(np.maximum(src, tgt) > max_tokens)
     if too_long.size:
         i = int(too_long[0])
         raise ValueError(
-            f"sample {i} (source {src_lengths[i]}, target {tgt_lengths[i]} tokens, rounded to "
-            f"{options.length_multiple}) exceeds max_tokens={options.max_tokens}; "
-            f"{too_long.size} samples do; filter them in preprocessing or raise max_tokens"
+            f"--max-tokens: sample {i} (source {src_lengths[i]}, target {tgt_lengths[i]} tokens, rounded to "
+            f"{length_multiple}) exceeds max_tokens={max_tokens}; "
+            f"{too_long.size} samples do; filter them in preprocessing (--max-len) or raise --max-tokens"
         )
     return src, tgt
 
@@ -207,7 +160,8 @@ def greedy_offsets(
     Greedy: each batch takes the longest prefix of what remains whose cost fits, then is rounded
     down to a multiple of ``batch_size_multiple`` (when it holds at least that many; the rest
     starts the next batch, so nothing is dropped, unlike fairseq's ``batch_by_size``). Batches
-    never cross a position in ``breaks``. The cost of a prefix is nondecreasing in its length, so
+    never cross a position in ``breaks``. A sample over the budget on its own is a batch alone
+    (training rejects such samples up front in ``check_lengths``; decoding translates them). The cost of a prefix is nondecreasing in its length, so
     one ``searchsorted`` per batch finds it: a Python loop per batch, numpy within.
     """
     num_samples = src.shape[0]
@@ -228,7 +182,7 @@ def greedy_offsets(
             if size < end - start or end == limit:
                 break
             window *= 2
-        assert size >= 1, "check_lengths guarantees every sample fits alone"
+        size = max(size, 1)
         if size >= batch_size_multiple:
             size -= size % batch_size_multiple
         start += size
@@ -253,68 +207,73 @@ def batch_difficulty(batches: Batches, fractions: np.ndarray) -> np.ndarray:
     return segment_max(fractions[batches.indices], batches.starts, batches.ends)
 
 
-def curriculum_active(options: BatchingOptions, *, epoch: int, start_update: int) -> bool:
-    in_epochs = epoch < options.curriculum_epochs
-    in_competence = options.competence_updates is not None and start_update < options.competence_updates
+def curriculum_active(cfg: BatchingConfig, *, epoch: int, start_update: int) -> bool:
+    in_epochs = epoch < cfg.curriculum_epochs
+    in_competence = cfg.competence_updates > 0 and start_update < cfg.competence_updates
     return in_epochs or in_competence
 
 
 def global_batches(
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
-    options: BatchingOptions,
+    cfg: BatchingConfig,
     *,
+    seed: int,
     epoch: int,
     difficulty: np.ndarray | None = None,
     start_update: int = 0,
+    batches_per_update: int = 1,
+    length_multiple: int = 1,
+    shuffle: bool = True,
 ) -> Batches:
-    """The epoch's global batch sequence: a pure function of the lengths, options, epoch, difficulty
-    and (with competence only) the update count at the start of the epoch; never of the world size.
+    """The epoch's global batch sequence: a pure function of the lengths, ``cfg``, seed, epoch,
+    difficulty and (with competence only) the update count at the start of the epoch; never of the
+    world size. ``batches_per_update`` (ranks x accumulation steps) maps stream positions to updates
+    for competence; ``length_multiple`` rounds lengths as static shapes pad them; ``shuffle=False``
+    keeps batches in length order.
     """
     src_lengths = np.asarray(src_lengths)
     tgt_lengths = np.asarray(tgt_lengths)
-    src, tgt = check_lengths(src_lengths, tgt_lengths, options)
-    if options.competence_updates is not None and difficulty is None:
-        raise ValueError("competence_updates needs a curriculum (difficulty per sample)")
-    rngs = [np.random.default_rng([options.seed, epoch, stream]) for stream in range(3)]
-    active = difficulty is not None and curriculum_active(options, epoch=epoch, start_update=start_update)
+    src, tgt = check_lengths(src_lengths, tgt_lengths, max_tokens=cfg.max_tokens, length_multiple=length_multiple)
+    if cfg.competence_updates > 0 and difficulty is None:
+        raise ValueError("--competence-updates needs a curriculum (difficulty per sample)")
+    rngs = [np.random.default_rng([seed, epoch, stream]) for stream in range(3)]
+    active = difficulty is not None and curriculum_active(cfg, epoch=epoch, start_update=start_update)
     fractions = difficulty_fractions(difficulty) if active else None
     bins = None
     if fractions is not None:
         # fraction * N - 1 is the rank; equal-size bins by rank.
         ranks = np.rint(fractions * src.shape[0]).astype(np.int64) - 1
-        bins = ranks * options.curriculum_bins // max(src.shape[0], 1)
-    order = length_order(
-        src, tgt, noise=options.noise, noise_mode=options.noise_mode, rng=rngs[_NOISE_STREAM], bins=bins
-    )
+        bins = ranks * cfg.curriculum_bins // max(src.shape[0], 1)
+    order = length_order(src, tgt, noise=cfg.batch_noise, noise_mode=cfg.noise_mode, rng=rngs[_NOISE_STREAM], bins=bins)
     breaks = None if bins is None else np.flatnonzero(np.diff(bins[order])) + 1
     offsets = greedy_offsets(
         src[order],
         tgt[order],
-        options.max_tokens,
-        packed=options.packed,
-        max_sentences=options.max_sentences,
-        batch_size_multiple=options.batch_size_multiple,
+        cfg.max_tokens,
+        packed=cfg.packed,
+        max_sentences=cfg.max_sentences,
+        batch_size_multiple=cfg.required_batch_size_multiple,
         breaks=breaks,
     )
     batches = Batches(order, offsets[:-1], offsets[1:])
-    if fractions is not None and epoch < options.curriculum_epochs:
+    if fractions is not None and epoch < cfg.curriculum_epochs:
         batch_order = np.argsort(batch_difficulty(batches, fractions), kind="stable")
-    elif options.shuffle:
+    elif shuffle:
         batch_order = rngs[_SHUFFLE_STREAM].permutation(len(batches))
     else:
         batch_order = np.arange(len(batches))
-    if fractions is not None and options.competence_updates is not None:
+    if fractions is not None and cfg.competence_updates > 0:
         eligible = competence_update(
             batch_difficulty(batches, fractions)[batch_order],
-            total_updates=options.competence_updates,
-            initial=options.competence_initial,
+            total_updates=cfg.competence_updates,
+            initial=cfg.competence_initial,
         )
         batch_order = batch_order[
             competence_schedule(
                 eligible,
                 start_update=start_update,
-                batches_per_update=options.batches_per_update,
+                batches_per_update=batches_per_update,
                 rng=rngs[_REPEAT_STREAM],
             )
         ]
@@ -382,14 +341,12 @@ def padding_efficiency(batches: Batches, src_lengths: np.ndarray, tgt_lengths: n
 
 
 class MaxTokensBatchSampler(Sampler[list[int]]):
-    """Yields lists of sample indices for this rank, each within a token budget (see module doc).
+    """Yields lists of sample indices for this rank, each within a token budget (see module doc):
+    the batches of ``global_batches`` for the epoch, dealt to ranks by ``shard``, for users who bring
+    their own DataLoader. ``nmt-train`` reads the same functions through ``nmt.data.plan``.
 
-    Options beyond the issue's signature: ``curriculum_epochs``, ``curriculum_bins``,
-    ``competence_updates``, ``competence_initial`` (see ``BatchingOptions``) and ``update_freq``
-    (accumulation steps per update; with ``num_replicas`` it maps batches to updates for
-    competence). Competence is driven by update counts: call ``set_epoch(epoch, start_update=n)``
-    with the trainer's number of optimizer updates so far; the epoch's batches are then scheduled so
-    that the batches used at update t hold only the easiest c(t) fraction of the data.
+    Competence is driven by update counts: call ``set_epoch(epoch, start_update=n)`` with the number
+    of optimizer updates so far; ``cfg.update_freq`` and ``num_replicas`` map batches to updates.
 
     Resuming: ``state_dict()`` records the epoch, ``start_update`` and how many of this rank's
     batches were consumed. A DataLoader prefetches, so the sampler has usually yielded more than
@@ -401,48 +358,24 @@ class MaxTokensBatchSampler(Sampler[list[int]]):
         self,
         src_lengths: np.ndarray,
         tgt_lengths: np.ndarray,
-        max_tokens: int,
+        cfg: BatchingConfig,
         *,
-        noise: float = 0.1,
-        noise_mode: str = "ties",
-        shuffle: bool = True,
-        seed: int = 0,
+        seed: int,
         num_replicas: int = 1,
         rank: int = 0,
         curriculum: Curriculum = None,
-        batch_size_multiple: int = 1,
-        max_sentences: int | None = None,
         length_multiple: int = 1,
-        packed: bool = False,
-        curriculum_epochs: int = 1,
-        curriculum_bins: int = 10,
-        competence_updates: int | None = None,
-        competence_initial: float = 0.01,
-        update_freq: int = 1,
+        shuffle: bool = True,
     ) -> None:
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}")
-        if update_freq < 1:
-            raise ValueError(f"update_freq must be >= 1, got {update_freq}")
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
-        self.options = BatchingOptions(
-            max_tokens=max_tokens,
-            noise=noise,
-            noise_mode=noise_mode,
-            shuffle=shuffle,
-            seed=seed,
-            batch_size_multiple=batch_size_multiple,
-            max_sentences=max_sentences,
-            length_multiple=length_multiple,
-            packed=packed,
-            curriculum_epochs=curriculum_epochs,
-            curriculum_bins=curriculum_bins,
-            competence_updates=competence_updates,
-            competence_initial=competence_initial,
-            batches_per_update=num_replicas * update_freq,
-        )
-        check_lengths(self.src_lengths, self.tgt_lengths, self.options)
+        self.cfg = cfg
+        self.seed = seed
+        self.length_multiple = length_multiple
+        self.shuffle = shuffle
+        check_lengths(self.src_lengths, self.tgt_lengths, max_tokens=cfg.max_tokens, length_multiple=length_multiple)
         self.difficulty = difficulty_from(curriculum, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths)
         self.num_replicas = num_replicas
         self.rank = rank
@@ -464,10 +397,14 @@ class MaxTokensBatchSampler(Sampler[list[int]]):
             batches = global_batches(
                 self.src_lengths,
                 self.tgt_lengths,
-                self.options,
+                self.cfg,
+                seed=self.seed,
                 epoch=self.epoch,
                 difficulty=self.difficulty,
                 start_update=self.start_update,
+                batches_per_update=self.num_replicas * self.cfg.update_freq,
+                length_multiple=self.length_multiple,
+                shuffle=self.shuffle,
             )
             self._cache = (key, batches)
         return self._cache[1]

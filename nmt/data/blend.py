@@ -44,6 +44,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from nmt.fileio import atomic_write
+
 FORMAT_VERSION = 2
 # Slots per block, at most, unless there are so many corpora that a block must be larger to hold
 # each in proportion. The gathers of the in-block permutation then read from arrays (int32 and
@@ -295,66 +297,6 @@ def load_or_build_blend_index(
     _save_atomic(sample_path, sample_ids)
     _save_atomic(corpus_path, corpus_ids)
     return corpus_ids, sample_ids
-
-
-def build_blend_index_distributed(
-    sizes: Sequence[int],
-    weights: Sequence[float],
-    num_samples: int,
-    *,
-    seed: int,
-    epoch: int,
-    cache_dir: str | os.PathLike | None = None,
-    num_threads: int | None = None,
-) -> tuple[CorpusIds, SampleIds]:
-    """Every rank computes 1/W of the blocks; all ranks get the whole index. Call on all ranks.
-
-    With ``cache_dir`` (visible to every rank, e.g. on the shared file system next to the data)
-    the ranks write their slices into one memory-mapped file and read it back; without it the
-    slices are all-gathered. One rank, or a cache hit, needs no communication beyond a barrier.
-    """
-    from nmt import dist  # imported here: it imports torch, which a 1-process build never needs
-
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    plan = make_plan(sizes, weights, num_samples, seed=seed, epoch=epoch)
-    if cache_dir is None:
-        corpus_part, sample_part = _build_rank_part(
-            plan, rank=rank, world_size=world_size, num_threads=num_threads
-        )
-        return _all_gather_parts(corpus_part), _all_gather_parts(sample_part)
-
-    key = cache_key(sizes, weights, num_samples, seed=seed, epoch=epoch)
-    corpus_path, sample_path = cache_paths(cache_dir, key)
-    hit = corpus_path.exists() and sample_path.exists()
-    if bool(dist.broadcast_object(hit)):  # rank 0 decides, so no rank builds while others load
-        return _load(corpus_path, sample_path)
-    corpus_tmp, sample_tmp = (p.with_name(p.name + ".partial") for p in (corpus_path, sample_path))
-    if rank == 0:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        for path, dtype in ((corpus_tmp, np.uint16), (sample_tmp, plan.sample_dtype)):
-            np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(plan.num_samples,))
-    dist.barrier()
-    corpus_map = np.lib.format.open_memmap(corpus_tmp, mode="r+")
-    sample_map = np.lib.format.open_memmap(sample_tmp, mode="r+")
-    first, last = _rank_blocks(plan.num_blocks, rank=rank, world_size=world_size)
-    lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
-    fill_blocks(
-        plan,
-        corpus_map[lo:hi],
-        sample_map[lo:hi],
-        first_block=first,
-        last_block=last,
-        num_threads=_threads(num_threads, last - first),
-    )
-    corpus_map.flush()
-    sample_map.flush()
-    del corpus_map, sample_map
-    dist.barrier()
-    if rank == 0:
-        os.replace(sample_tmp, sample_path)
-        os.replace(corpus_tmp, corpus_path)
-    dist.barrier()
-    return _load(corpus_path, sample_path)
 
 
 class BlendedEpochs:
@@ -671,17 +613,6 @@ def _rank_blocks(num_blocks: int, *, rank: int, world_size: int) -> tuple[int, i
     return num_blocks * rank // world_size, num_blocks * (rank + 1) // world_size
 
 
-def _all_gather_parts(part: np.ndarray) -> np.ndarray:
-    import torch
-
-    from nmt import dist
-
-    # As raw bytes, one row per sample: gloo moves no uint16 (nor int16).
-    wire = np.ascontiguousarray(part).view(np.uint8).reshape(part.shape[0], part.itemsize)
-    gathered = dist.all_gather_variable(torch.from_numpy(wire))
-    return np.concatenate([g.numpy() for g in gathered]).view(part.dtype).reshape(-1)
-
-
 def _allocate(num_samples: int, sample_dtype: np.dtype) -> tuple[CorpusIds, SampleIds]:
     # zeros, not empty: numpy asks for huge pages on large np.empty arrays, and faulting those in
     # was 30x slower than calloc's pages on our VMs (1 s vs 0.03 s per 200 MB).
@@ -749,10 +680,8 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as handle:
+    with atomic_write(str(path), tag=f"-{threading.get_ident()}") as handle:
         np.save(handle, array)
-    os.replace(tmp, path)
 
 
 def _load(corpus_path: Path, sample_path: Path) -> tuple[CorpusIds, SampleIds]:
@@ -772,9 +701,9 @@ class BlendedCorpus:
         self.sample_ids = sample_ids
         starts = np.zeros(len(self.corpora), dtype=np.int64)
         np.cumsum([len(c) for c in self.corpora[:-1]], out=starts[1:])
-        flat = starts[corpus_ids] + sample_ids  # (N,) position in the concatenated corpora
-        self.src_lengths = np.concatenate([np.asarray(c.src_lengths) for c in self.corpora])[flat]
-        self.tgt_lengths = np.concatenate([np.asarray(c.tgt_lengths) for c in self.corpora])[flat]
+        self.flat_ids = starts[corpus_ids] + sample_ids  # (N,) position in the concatenated corpora
+        self.src_lengths = np.concatenate([np.asarray(c.src_lengths) for c in self.corpora])[self.flat_ids]
+        self.tgt_lengths = np.concatenate([np.asarray(c.tgt_lengths) for c in self.corpora])[self.flat_ids]
 
     def __len__(self) -> int:
         return int(self.corpus_ids.shape[0])

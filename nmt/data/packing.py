@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from nmt import dist
-
-
-class Packed(NamedTuple):
-    tokens: torch.Tensor  # (N, ...)
-    lengths: torch.Tensor  # (B,) int64
-    cu_seqlens: torch.Tensor  # (B + 1,) int32
-    positions: torch.Tensor  # (N,) int64
 
 
 def cu_seqlens_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
@@ -40,20 +32,6 @@ def positions_from_lengths(lengths: torch.Tensor, *, total: int | None = None) -
     positions = torch.zeros(total, dtype=torch.int64)
     positions[:num_real] = torch.arange(num_real) - torch.repeat_interleave(starts, lengths)
     return positions
-
-
-def pack(sequences: Sequence[np.ndarray | torch.Tensor]) -> Packed:
-    """Concatenate 1-D (or (len, ...)) sequences into one packed sequence."""
-    tensors = [torch.as_tensor(s) for s in sequences]
-    lengths = torch.tensor([t.shape[0] for t in tensors], dtype=torch.int64)
-    tokens = torch.cat(tensors) if tensors else torch.zeros(0, dtype=torch.int64)
-    return Packed(tokens, lengths, cu_seqlens_from_lengths(lengths), positions_from_lengths(lengths))
-
-
-def pack_padded(padded: torch.Tensor, lengths: torch.Tensor) -> Packed:
-    """(B, T, ...) padded rows with (B,) lengths -> packed; the inverse of ``unpack``."""
-    mask = torch.arange(padded.shape[1]) < lengths[:, None]  # (B, T)
-    return Packed(padded[mask], lengths, cu_seqlens_from_lengths(lengths), positions_from_lengths(lengths))
 
 
 def unpack(

@@ -8,19 +8,17 @@ dataset that looks finished (and a stale temporary directory is never mistaken f
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from nmt.config import PreprocessConfig, to_dict
-from nmt.data.corpus import MANIFEST_NAME, MANIFEST_VERSION
+from nmt.data.manifest import Manifest, SideEntry, SplitEntry, SpmEntry
 from nmt.data.indexed import IndexedWriter
 from nmt.data.spm import SPECIAL_IDS, SentencePieceModel, ids_with_eos, token_dtype, train_model
 from nmt.data.text import DataError, ParallelText, read_parallel_text
@@ -178,13 +176,13 @@ def _write_split(
     workdir: str,
     num_threads: int,
     progress: tqdm,
-) -> tuple[dict[str, Any], SplitStats]:
+) -> tuple[SplitEntry, SplitStats]:
     text = plan.text
     stats = SplitStats(name=plan.name, role=plan.role, num_lines=len(text.src))
     dtypes = [token_dtype(m.vocab_size) for m in models]
     src_tokens, src_lengths = ids_with_eos(_encode(models[0], text.src, num_threads=num_threads, progress=progress), dtype=dtypes[0])
     tgt_tokens, tgt_lengths = ids_with_eos(_encode(models[1], text.tgt, num_threads=num_threads, progress=progress), dtype=dtypes[1])
-    entry: dict[str, Any] = {"role": plan.role, "input_prefix": plan.prefix, "num_lines": stats.num_lines}
+    line_numbers_file = None
     if plan.role == "train":
         invalid = np.zeros(stats.num_lines, dtype=bool)
         invalid[text.invalid] = True
@@ -198,13 +196,10 @@ def _write_split(
         src_lengths, tgt_lengths = src_lengths[keep], tgt_lengths[keep]
         line_numbers_file = f"{plan.name}.line_numbers.npy"
         np.save(os.path.join(workdir, line_numbers_file), np.flatnonzero(keep).astype(np.int64))
-        entry["line_numbers"] = line_numbers_file
     else:
         stats.replaced_invalid_utf8 = len(text.invalid)
     stats.num_samples = int(src_lengths.shape[0])
-    entry["num_samples"] = stats.num_samples
-    entry["filtered"] = stats.filtered
-    entry["replaced_invalid_utf8"] = stats.replaced_invalid_utf8
+    sides = {}
     for side, lang, tokens, lengths, dtype in (
         ("src", cfg.source_lang, src_tokens, src_lengths, dtypes[0]),
         ("tgt", cfg.target_lang, tgt_tokens, tgt_lengths, dtypes[1]),
@@ -212,11 +207,15 @@ def _write_split(
         prefix = f"{plan.name}.{lang}"
         writer = IndexedWriter(os.path.join(workdir, prefix), dtype=dtype)
         writer.add_many(tokens, lengths)
-        num_tokens = writer.finish()
-        entry[side] = {"prefix": prefix, "num_tokens": num_tokens, "token_dtype": str(np.dtype(dtype))}
-    stats.src_tokens, stats.tgt_tokens = entry["src"]["num_tokens"], entry["tgt"]["num_tokens"]
+        sides[side] = SideEntry(prefix=prefix, num_tokens=writer.finish(), token_dtype=str(np.dtype(dtype)))
+    stats.src_tokens, stats.tgt_tokens = sides["src"].num_tokens, sides["tgt"].num_tokens
     stats.src_unk = int((src_tokens == SPECIAL_IDS["unk"]).sum())
     stats.tgt_unk = int((tgt_tokens == SPECIAL_IDS["unk"]).sum())
+    entry = SplitEntry(
+        name=plan.name, role=plan.role, num_lines=stats.num_lines, num_samples=stats.num_samples,
+        src=sides["src"], tgt=sides["tgt"], line_numbers=line_numbers_file, input_prefix=plan.prefix,
+        filtered=stats.filtered, replaced_invalid_utf8=stats.replaced_invalid_utf8,
+    )
     return entry, stats
 
 
@@ -241,7 +240,7 @@ def _install(workdir: str, destdir: str) -> None:
         shutil.rmtree(previous, ignore_errors=True)
 
 
-def preprocess(cfg: PreprocessConfig) -> tuple[dict[str, Any], list[SplitStats]]:
+def preprocess(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
     """Run the whole pipeline; returns (manifest, per-split statistics)."""
     destdir = os.path.abspath(cfg.destdir)
     _check_destdir(destdir, overwrite=cfg.overwrite)
@@ -263,7 +262,7 @@ def preprocess(cfg: PreprocessConfig) -> tuple[dict[str, Any], list[SplitStats]]
 
         total_lines = 2 * sum(len(plan.text.src) for plan in plans)
         started = time.perf_counter()
-        splits: dict[str, Any] = {}
+        splits: dict[str, SplitEntry] = {}
         all_stats: list[SplitStats] = []
         with tqdm(total=total_lines, unit="sent", desc="encode", dynamic_ncols=True, mininterval=1.0) as progress:
             for plan in plans:
@@ -278,35 +277,25 @@ def preprocess(cfg: PreprocessConfig) -> tuple[dict[str, Any], list[SplitStats]]
         for stats in all_stats:
             if stats.role == "train" and stats.num_samples == 0:
                 raise DataError(
-                    f"{splits[stats.name]['input_prefix']}: training set is empty after filtering "
+                    f"{splits[stats.name].input_prefix}: training set is empty after filtering "
                     f"({', '.join(f'{k}={v}' for k, v in stats.filtered.items() if v)})"
                 )
 
-        manifest: dict[str, Any] = {
-            "manifest_version": MANIFEST_VERSION,
-            "source_lang": cfg.source_lang,
-            "target_lang": cfg.target_lang,
-            "special_ids": dict(SPECIAL_IDS),
-            "convention": "source = pieces + EOS; target = pieces + EOS; decoder input = BOS + target[:-1]",
-            "spm": {
-                "joint": joint,
-                "src_model": spm_files[0],
-                "tgt_model": spm_files[-1],
-                "src_vocab_size": models[0].vocab_size,
-                "tgt_vocab_size": models[1].vocab_size,
-                "given_model": cfg.spm_model,
-            },
-            "splits": splits,
-            "config": to_dict(cfg),
-        }
-        manifest["checksums"] = {name: _sha256(os.path.join(workdir, name)) for name in sorted(os.listdir(workdir))}
+        manifest = Manifest(
+            directory=destdir,
+            source_lang=cfg.source_lang,
+            target_lang=cfg.target_lang,
+            special_ids=dict(SPECIAL_IDS),
+            spm=SpmEntry(
+                joint=joint, src_model=spm_files[0], tgt_model=spm_files[-1], src_vocab_size=models[0].vocab_size,
+                tgt_vocab_size=models[1].vocab_size, given_model=cfg.spm_model,
+            ),
+            splits=splits,
+            checksums={name: _sha256(os.path.join(workdir, name)) for name in sorted(os.listdir(workdir))},
+            config=to_dict(cfg),
+        )
         # The manifest goes last: a directory with a manifest is a complete one.
-        manifest_path = os.path.join(workdir, MANIFEST_NAME)
-        with open(manifest_path, "w", encoding="utf-8") as handle:
-            json.dump(manifest, handle, indent=2)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        manifest.write(workdir)
         _install(workdir, destdir)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import option_name
+from nmt.config import opt, option_name
 from nmt.data.spm import EOS_ID
 from nmt.eval.translate import Translator
 
@@ -43,12 +43,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ServeConfig:
-    """Limits and batching of the service (the CLI's option names)."""
+    """Limits and batching of the service (``nmt-serve`` makes its options from these fields)."""
 
-    max_body_bytes: int = 1 << 20  # a request body over this is refused (413) before it is parsed
-    max_sentences: int = 128  # per request, lines of every text counted
-    max_batch_tokens: int = 4096  # source tokens (EOS included) per decode; a bigger request goes alone
-    max_wait_ms: float = 5.0  # how long the oldest queued request waits for company before decoding
+    max_body_bytes: int = opt(1 << 20, "a request body over this many bytes is refused (413) before it is parsed")
+    max_sentences: int = opt(128, "sentences per request (the lines of all its texts)")
+    max_batch_tokens: int = opt(4096, "source tokens (EOS included) gathered into one decode; a bigger request goes alone")
+    max_wait_ms: float = opt(5.0, "how long the oldest queued request waits for others to share its decode")
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_sentences", "max_batch_tokens"):

@@ -2,6 +2,7 @@
 
 from nmt.eval.score import Score, score
 from nmt.eval.search import Hypothesis, generate
-from nmt.eval.translate import Translator, load_averaged_checkpoint
+from nmt.checkpoint_io import load_averaged_checkpoint
+from nmt.eval.translate import Translator
 
 __all__ = ["Hypothesis", "Score", "Translator", "generate", "load_averaged_checkpoint", "score"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -23,8 +22,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint_io import load_checkpoint, tensor_to_bytes
+from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
 from nmt.config import EvalConfig, ModelConfig, from_dict
+from nmt.data.batching import greedy_offsets
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.spm import EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
@@ -33,86 +33,7 @@ from nmt.eval.search import Hypothesis, generate
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger(__name__)
-
-# Numbered checkpoints, as the trainer names them: checkpoint{epoch}.pt, checkpoint_{epoch}_{update}.pt.
-NUMBERED_CHECKPOINT = re.compile(r"checkpoint\d+\.pt|checkpoint_\d+_\d+\.pt")
-
-
-def last_checkpoints(save_dir: str, count: int) -> list[str]:
-    """The ``count`` newest numbered checkpoints (by modification time) in ``save_dir``."""
-    if not os.path.isdir(save_dir):
-        raise ValueError(f"{save_dir}: not a directory (--average-last needs a save dir as --path)")
-    numbered = sorted(os.path.join(save_dir, name) for name in os.listdir(save_dir) if NUMBERED_CHECKPOINT.fullmatch(name))
-    if len(numbered) < count:
-        raise ValueError(
-            f"{save_dir}: --average-last {count} needs {count} numbered checkpoints "
-            f"(checkpoint{{epoch}}.pt or checkpoint_{{epoch}}_{{update}}.pt), found {len(numbered)}"
-        )
-    return sorted(numbered, key=os.path.getmtime, reverse=True)[:count]
-
-
-def _require_keys(state: dict[str, Any], path: str) -> None:
-    for key in ("model", "model_config", "vocab"):
-        if key not in state:
-            raise ValueError(f"{path}: checkpoint has no {key!r} entry")
-
-
-def load_averaged_checkpoint(paths: Sequence[str]) -> dict[str, Any]:
-    """One checkpoint, or several with their weights averaged (same model config and vocabulary).
-
-    The sum is taken in float64 so that the order of the files does not change the result and the
-    average of identical checkpoints is exactly that checkpoint.
-    """
-    if not paths:
-        raise ValueError("--path: no checkpoint given")
-    first = load_checkpoint(paths[0])
-    _require_keys(first, paths[0])
-    if len(paths) == 1:
-        return first
-    weights = first["model"]
-    sums = {name: tensor.double() if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
-    for path in paths[1:]:
-        state = load_checkpoint(path)
-        _require_keys(state, path)
-        if state["model_config"] != first["model_config"]:
-            raise ValueError(f"{path}: model config differs from {paths[0]}'s; only checkpoints of one model can be averaged")
-        if not _same_vocab(state["vocab"], first["vocab"]):
-            raise ValueError(f"{path}: vocabulary differs from {paths[0]}'s; only checkpoints of one model can be averaged")
-        if state["model"].keys() != weights.keys():
-            raise ValueError(f"{path}: parameter names differ from {paths[0]}'s; only checkpoints of one model can be averaged")
-        for name, tensor in state["model"].items():
-            if tensor.is_floating_point():
-                sums[name] += tensor.double()
-    averaged = {
-        name: (total / len(paths)).to(weights[name].dtype) if weights[name].is_floating_point() else total
-        for name, total in sums.items()
-    }
-    return {"model": averaged, "model_config": first["model_config"], "vocab": first["vocab"]}
-
-
-def _same_vocab(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    if a.keys() != b.keys():
-        return False
-    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
-
-
-def make_batches(lengths: np.ndarray, *, batch_size: int | None, max_tokens: int | None) -> list[slice]:
-    """Consecutive slices of ``lengths`` (sorted longest first) with <= batch_size sentences and
-    <= max_tokens source tokens counted with padding; a sentence longer than max_tokens goes alone."""
-    batches = []
-    start = 0
-    while start < len(lengths):
-        end = start + 1
-        while (
-            end < len(lengths)
-            and (batch_size is None or end - start < batch_size)
-            and (max_tokens is None or (end - start + 1) * int(lengths[start]) <= max_tokens)
-        ):
-            end += 1
-        batches.append(slice(start, end))
-        start = end
-    return batches
-
+UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a batch
 
 def iter_line_chunks(stream: BinaryIO, *, size: int, name: str) -> Iterator[list[str]]:
     """Lines of ``stream`` in chunks of ``size``, split on ``\\n`` only (as ``nmt.data.text`` does)."""
@@ -207,8 +128,13 @@ class Translator:
         order = todo[np.argsort(-lengths[todo], kind="stable")]  # longest first: similar lengths share a batch
         generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
         with tqdm(total=len(order), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
-            for batch in make_batches(lengths[order], batch_size=cfg.batch_size, max_tokens=cfg.max_tokens):
-                indices = order[batch]
+            # Longest first, so a batch's padded cost is its size x its first length.
+            sorted_lengths = lengths[order]
+            offsets = greedy_offsets(
+                sorted_lengths, sorted_lengths, cfg.max_tokens or UNLIMITED, packed=False, max_sentences=cfg.batch_size
+            )
+            for start, stop in zip(offsets[:-1], offsets[1:]):
+                indices = order[start:stop]
                 nbests = self.generate_batch([sources[i] for i in indices], lengths[indices], cfg, generator=generator)
                 for index, nbest in zip(indices, nbests):
                     results[index] = nbest
@@ -251,18 +177,18 @@ def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel) -> Spl
     (otherwise the ids would mean other pieces), and where its raw reference text lies."""
     corpus = ParallelCorpus(data_dir, split)
     manifest = corpus.manifest
-    spm_path = os.path.join(data_dir, manifest["spm"]["src_model"])
+    spm_path = manifest.path(manifest.spm.src_model)
     with open(spm_path, "rb") as handle:
         if handle.read() != src_spm.proto:
             raise ValueError(
                 f"{spm_path}: not the checkpoint's source SentencePiece model; this data was encoded for "
                 "another model (translate its raw text with --input instead)"
             )
-    prefix = manifest["splits"][split].get("input_prefix")
+    prefix = corpus.entry.input_prefix
     return Split(
         sources=[np.asarray(corpus.src[i], dtype=np.int64) for i in range(len(corpus))],
         line_numbers=np.asarray(corpus.line_numbers),
-        reference_path=None if prefix is None else resolve_text_file(prefix, manifest["target_lang"]),
+        reference_path=None if prefix is None else resolve_text_file(prefix, manifest.target_lang),
     )
 
 

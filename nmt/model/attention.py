@@ -118,10 +118,15 @@ class Packing:
 
     @classmethod
     def from_lengths(
-        cls, lengths: torch.Tensor, *, num_tokens: int, cu_seqlens: torch.Tensor | None = None
+        cls,
+        lengths: torch.Tensor,
+        *,
+        num_tokens: int,
+        cu_seqlens: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> Packing:
         """Build from per-sample lengths (B,) and the packed length N (tail included);
-        ``cu_seqlens`` (B+1,) is derived when not given."""
+        ``cu_seqlens`` (B+1,) and ``positions`` (N,) are derived when not given (collate makes both)."""
         lengths = lengths.long()
         if cu_seqlens is None:
             cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).int()
@@ -138,9 +143,10 @@ class Packing:
         sample_of_token = torch.repeat_interleave(
             torch.arange(lengths.shape[0], device=device), lengths, output_size=num_real
         )  # (num_real,)
-        real_positions = torch.arange(num_real, device=device) - starts[sample_of_token]  # (num_real,)
-        scatter_index = sample_of_token * max_len + real_positions
-        positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
+        if positions is None:
+            real_positions = torch.arange(num_real, device=device) - starts[sample_of_token]  # (num_real,)
+            positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
+        scatter_index = sample_of_token * max_len + positions[:num_real]
         return cls(lengths, cu_seqlens, positions, num_real, max_len, gather_index, scatter_index)
 
     @property

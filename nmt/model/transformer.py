@@ -405,12 +405,15 @@ def packed_masks(
     num_tgt: int,
     src_cu_seqlens: torch.Tensor | None,
     tgt_cu_seqlens: torch.Tensor | None,
+    src_positions: torch.Tensor | None = None,
+    tgt_positions: torch.Tensor | None = None,
 ) -> PackedMasks:
-    """A packed batch's masks, built from the per-sample lengths. A compiled model gets them from
-    outside (``masks=``): their sizes vary with the number of samples, and the compiled graphs must
-    see token counts only (a tensor argument of varying size would be a recompile)."""
-    src = Packing.from_lengths(src_lengths, num_tokens=num_src, cu_seqlens=src_cu_seqlens)
-    tgt = Packing.from_lengths(tgt_lengths, num_tokens=num_tgt, cu_seqlens=tgt_cu_seqlens)
+    """A packed batch's masks, built from the per-sample lengths (and the offsets and positions
+    collate already made, when given). A compiled model gets them from outside (``masks=``): their
+    sizes vary with the number of samples, and the compiled graphs must see token counts only (a
+    tensor argument of varying size would be a recompile)."""
+    src = Packing.from_lengths(src_lengths, num_tokens=num_src, cu_seqlens=src_cu_seqlens, positions=src_positions)
+    tgt = Packing.from_lengths(tgt_lengths, num_tokens=num_tgt, cu_seqlens=tgt_cu_seqlens, positions=tgt_positions)
     return PackedMasks(
         encoder=AttentionMask(backend, key_lengths=src.lengths, q_packing=src, kv_packing=src),
         decoder_self=AttentionMask(backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt),
@@ -481,13 +484,12 @@ class TransformerModel(nn.Module):
             masks = packed_masks(
                 backend, src_lengths, tgt_lengths, num_src=src_tokens.shape[0], num_tgt=prev_output_tokens.shape[0],
                 src_cu_seqlens=src_cu_seqlens, tgt_cu_seqlens=tgt_cu_seqlens,
+                src_positions=src_positions, tgt_positions=tgt_positions,
             )
-        encoder_states = self.encoder(
-            src_tokens, masks.src_positions if src_positions is None else src_positions, masks.encoder
-        )  # (Ns, De)
+        encoder_states = self.encoder(src_tokens, masks.src_positions, masks.encoder)  # (Ns, De)
         return self.decoder(
             prev_output_tokens,
-            masks.tgt_positions if tgt_positions is None else tgt_positions,
+            masks.tgt_positions,
             self_mask=masks.decoder_self,
             cross_kv=self.decoder.project_cross_kv(encoder_states),
             cross_mask=masks.cross,

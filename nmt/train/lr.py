@@ -16,22 +16,28 @@ from typing import Any
 import torch
 
 
-def inverse_sqrt_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
-    """Linear warm-up from ``warmup_init_ratio`` to 1, then decay with 1/sqrt(step)."""
+def warmup_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float | None:
+    """Linear warm-up from ``warmup_init_ratio`` to 1 over ``warmup_updates``; None once it is over."""
     if warmup_updates > 0 and step < warmup_updates:
         return warmup_init_ratio + (1.0 - warmup_init_ratio) * step / warmup_updates
-    return math.sqrt(max(warmup_updates, 1) / max(step, 1))
+    return None
+
+
+def inverse_sqrt_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
+    """Warm-up, then decay with 1/sqrt(step)."""
+    warming = warmup_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    return warming if warming is not None else math.sqrt(max(warmup_updates, 1) / max(step, 1))
 
 
 def fixed_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
-    if warmup_updates > 0 and step < warmup_updates:
-        return warmup_init_ratio + (1.0 - warmup_init_ratio) * step / warmup_updates
-    return 1.0
+    warming = warmup_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    return warming if warming is not None else 1.0
 
 
 def cosine_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float) -> float:
-    if warmup_updates > 0 and step < warmup_updates:
-        return warmup_init_ratio + (1.0 - warmup_init_ratio) * step / warmup_updates
+    warming = warmup_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    if warming is not None:
+        return warming
     progress = min(1.0, (step - warmup_updates) / max(1, max_update - warmup_updates))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 

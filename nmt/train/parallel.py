@@ -1,14 +1,50 @@
-"""The only place that wraps a model for data parallelism (DDP over torchrun's process group)."""
+"""The distributed set-up and tear-down of a run, and the only place that wraps a model for data
+parallelism (DDP over torchrun's process group)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt import dist
+
+
+@dataclass(frozen=True)
+class Session:
+    """Where this process runs: its rank among ``world_size`` and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(name: str, *, local_rank: int) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def session(device: str) -> Iterator[Session]:
+    """Join torchrun's process group (gloo on CPU, NCCL on CUDA; nothing for one process), pick the
+    device, and leave the group at the end whatever happens."""
+    use_cuda = device != "cpu" and torch.cuda.is_available()
+    env = dist.init_distributed("cuda" if use_cuda else "cpu")
+    try:
+        yield Session(env.rank, env.world_size, resolve_device(device, local_rank=env.local_rank))
+    finally:
+        dist.destroy()
 
 
 def wrap_data_parallel(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Module:

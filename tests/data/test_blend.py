@@ -1,4 +1,3 @@
-import functools
 import os
 import sys
 
@@ -12,7 +11,6 @@ from nmt.data.blend import (
     BlendedEpochs,
     allocate_samples,
     build_blend_index,
-    build_blend_index_distributed,
     fill_blocks,
     load_or_build_blend_index,
     make_plan,
@@ -253,26 +251,6 @@ def test_weights_from_temperature():
     np.testing.assert_allclose(weights_from_temperature(sizes, 2.0), [1 / 7, 2 / 7, 0, 4 / 7])
     assert np.ptp(weights_from_temperature(sizes, 1e6)[[0, 1, 3]]) < 1e-5
     assert np.isfinite(weights_from_temperature([10**9, 1], 0.01)).all()
-
-
-def test_two_rank_build_equals_one_rank_build(tmp_path):
-    case = ([70_000, 120, 30_000, 9], [0.4, 0.1, 0.3, 0.2], 400_000)
-    assert make_plan(*case, seed=11, epoch=4).num_blocks >= 3  # each rank has real work
-    expected = build_blend_index(*case, seed=11, epoch=4)
-    pool = GlooPool(2)
-    try:
-        for cache_dir in (None, tmp_path / "cache"):
-            build = functools.partial(
-                build_blend_index_distributed, seed=11, epoch=4, cache_dir=cache_dir
-            )
-            for corpus_ids, sample_ids in pool.run(build, [case, case]):
-                np.testing.assert_array_equal(corpus_ids, expected[0])
-                np.testing.assert_array_equal(sample_ids, expected[1])
-                assert sample_ids.dtype == expected[1].dtype
-    finally:
-        pool.close()
-    assert len(list((tmp_path / "cache").glob("*.npy"))) == 2
-    assert not list((tmp_path / "cache").glob("*.partial"))
 
 
 def test_ranks_prefetch_only_their_part_of_each_epoch(tmp_path):

@@ -73,7 +73,7 @@ def run_cli(tmp_path, *extra, capsys=None):
 def test_read_back_equals_reencoding_and_counts_add_up(corpus_dir):
     manifest, _ = preprocess(config(corpus_dir))
     out = corpus_dir / "out"
-    model = SentencePieceModel.load(str(out / manifest["spm"]["src_model"]))
+    model = SentencePieceModel.load(str(out / manifest.spm.src_model))
     train = ParallelCorpus(str(out), "train")
     src_lines = (corpus_dir / "train.en").read_text().split("\n")[:-1]
     tgt_lines = (corpus_dir / "train.de").read_text().split("\n")[:-1]
@@ -84,10 +84,10 @@ def test_read_back_equals_reencoding_and_counts_add_up(corpus_dir):
     assert np.array_equal(np.concatenate([train[i][1] for i in range(len(train))]), expected_tgt)
     assert np.array_equal(train.src_lengths, expected_src_lengths)
 
-    entry = manifest["splits"]["train"]
-    assert entry["num_samples"] + sum(entry["filtered"].values()) == entry["num_lines"] == 300
-    assert manifest["splits"]["valid"]["num_samples"] == 20
-    for name, checksum in manifest["checksums"].items():
+    entry = manifest.splits["train"]
+    assert entry.num_samples + sum(entry.filtered.values()) == entry.num_lines == 300
+    assert manifest.splits["valid"].num_samples == 20
+    for name, checksum in manifest.checksums.items():
         assert checksum == "sha256:" + hashlib.sha256((out / name).read_bytes()).hexdigest()
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
@@ -109,10 +109,10 @@ def test_output_identical_for_any_worker_count(corpus_dir):
 
 def test_separate_vocab_and_given_model(corpus_dir):
     manifest, _ = preprocess(config(corpus_dir, separate_vocab=True))
-    assert manifest["spm"]["src_model"] == "spm.en.model" and manifest["spm"]["tgt_model"] == "spm.de.model"
+    assert manifest.spm.src_model == "spm.en.model" and manifest.spm.tgt_model == "spm.de.model"
     given = str(corpus_dir / "out" / "spm.en.model")
     again, _ = preprocess(config(corpus_dir, destdir=str(corpus_dir / "again"), spm_model=given))
-    assert again["spm"]["joint"] and again["spm"]["given_model"] == given
+    assert again.spm.joint and again.spm.given_model == given
 
 
 def test_filter_codes_first_reason_wins():
@@ -133,7 +133,7 @@ def test_blank_lines_dropped_from_train_and_kept_in_valid(tmp_path):
     vsrc[4] = ""
     write_corpus(tmp_path, "valid", vsrc, vtgt)
     manifest, _ = preprocess(config(tmp_path))
-    assert manifest["splits"]["train"]["filtered"]["blank_line"] == 2
+    assert manifest.splits["train"].filtered["blank_line"] == 2
     assert 5 not in ParallelCorpus(str(tmp_path / "out"), "train").line_numbers.tolist()
     valid = ParallelCorpus(str(tmp_path / "out"), "valid")
     assert len(valid) == 10 and valid[4][0].tolist() == [2]  # EOS only
@@ -148,7 +148,7 @@ def test_messy_text_windows_endings_control_chars_and_a_1mb_line(tmp_path):
     write_corpus(tmp_path, "train", src, tgt, ending="\r\n")
     write_corpus(tmp_path, "valid", vsrc, vtgt)
     manifest, _ = preprocess(config(tmp_path, max_len=40))
-    assert manifest["splits"]["train"]["num_lines"] == 200  # no line was split on \r, \x0c, \x85 or U+2028
+    assert manifest.splits["train"].num_lines == 200  # no line was split on \r, \x0c, \x85 or U+2028
     valid = ParallelCorpus(str(tmp_path / "out"), "valid")
     assert len(valid) == 10 and valid.src_lengths[3] > 100_000
 

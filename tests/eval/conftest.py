@@ -158,7 +158,7 @@ def _make_tiny(root: pathlib.Path) -> TinySetup:
     with open(os.path.join(data_dir, "spm.model"), "rb") as handle:
         spm_proto = handle.read()
     corpus = ParallelCorpus(data_dir, "train")
-    vocab_size = corpus.manifest["spm"]["src_vocab_size"]
+    vocab_size = corpus.manifest.spm.src_vocab_size
     model = train_tiny_model(corpus, vocab_size=vocab_size, num_updates=300, seed=0)
     checkpoint = str(root / "checkpoint_best.pt")
     atomic_torch_save(checkpoint_state(model, spm_proto=spm_proto), checkpoint)

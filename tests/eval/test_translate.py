@@ -15,7 +15,9 @@ import torch
 
 from nmt.checkpoint_io import atomic_torch_save, load_checkpoint
 from nmt.eval import Translator, load_averaged_checkpoint
-from nmt.eval.translate import iter_line_chunks, last_checkpoints, make_batches
+from nmt.checkpoint_io import last_checkpoints
+from nmt.data.batching import greedy_offsets
+from nmt.eval.translate import UNLIMITED, iter_line_chunks
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +106,12 @@ def test_last_checkpoints_are_the_newest_numbered(tmp_path) -> None:
         last_checkpoints(str(tmp_path), 5)
 
 
-def test_make_batches_respects_limits_and_covers_everything() -> None:
+def test_decoding_batches_respect_limits_and_cover_everything() -> None:
+    """Decoding cuts its longest-first order with the training batcher; an over-long sentence goes alone."""
     lengths = np.array(sorted(np.random.default_rng(0).integers(2, 50, size=200), reverse=True))
     for batch_size, max_tokens in ((7, None), (None, 100), (16, 60), (None, 10)):
-        batches = make_batches(lengths, batch_size=batch_size, max_tokens=max_tokens)
+        offsets = greedy_offsets(lengths, lengths, max_tokens or UNLIMITED, packed=False, max_sentences=batch_size)
+        batches = [slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
         assert np.concatenate([np.arange(len(lengths))[b] for b in batches]).tolist() == list(range(len(lengths)))
         for batch in batches:
             size = batch.stop - batch.start

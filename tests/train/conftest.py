@@ -3,18 +3,11 @@ import glob
 import json
 import os
 import signal
-import random
 import subprocess
 import sys
 import threading
 
-import pytest
 
-from nmt.config import PreprocessConfig
-from nmt.data.preprocess import preprocess
-
-WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman child ball green old".split()
-WORTE = "der die hund katze rennt sitzt auf matte rot blau gross klein haus baum mann frau kind ball gruen alt".split()
 
 # A model small enough that a few updates take well under a second on 2 cores.
 TINY_MODEL_FLAGS = [
@@ -22,36 +15,6 @@ TINY_MODEL_FLAGS = [
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
     "--decoder-attention-heads", "2", "--share-all-embeddings",
 ]
-
-
-def _write(directory, name, pairs):
-    for index, lang in enumerate(("en", "de")):
-        with open(os.path.join(directory, f"{name}.{lang}"), "w", encoding="utf-8") as handle:
-            handle.write("".join(pair[index] + "\n" for pair in pairs))
-
-
-def _pairs(count, seed):
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(count):
-        picks = [rng.randrange(len(WORDS)) for _ in range(rng.randint(2, 14))]
-        pairs.append((" ".join(WORDS[p] for p in picks), " ".join(WORTE[p] for p in reversed(picks))))
-    return pairs
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-    """A preprocessed toy corpus (reversal 'translation'), 600 training pairs, vocab ~60."""
-    root = tmp_path_factory.mktemp("tiny")
-    _write(root, "train", _pairs(600, seed=0))
-    _write(root, "valid", _pairs(40, seed=1))
-    preprocess(
-        PreprocessConfig(
-            source_lang="en", target_lang="de", trainpref=[str(root / "train")], validpref=[str(root / "valid")],
-            destdir=str(root / "data"), spm_vocab_size=60, workers=1,
-        )
-    )
-    return str(root / "data")
 
 
 def train_command(data_dir, save_dir, *extra):
@@ -110,22 +73,6 @@ def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def two_corpus_data(tmp_path_factory):
-    """Two training corpora (train: 500 pairs, train1: 80 pairs) sharing one SentencePiece model."""
-    root = tmp_path_factory.mktemp("two")
-    _write(root, "big", _pairs(500, seed=10))
-    _write(root, "small", _pairs(80, seed=11))
-    _write(root, "valid", _pairs(30, seed=12))
-    preprocess(
-        PreprocessConfig(
-            source_lang="en", target_lang="de", trainpref=[str(root / "big"), str(root / "small")],
-            validpref=[str(root / "valid")], destdir=str(root / "data"), spm_vocab_size=60, workers=1,
-        )
-    )
-    return str(root / "data")
 
 
 def _descendants(pid):

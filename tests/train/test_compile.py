@@ -1,13 +1,15 @@
 import numpy as np
 import pytest
 
-from nmt.train.compile import compile_mode, packed_token_buckets, shape_buckets
+from nmt.data.shapes import packed_token_buckets, padded_shapes
+from nmt.train.compile import compile_mode
 
 from .test_trainer import make_trainer
 
 
 def test_shape_buckets_bound_rows_by_the_budget():
-    shapes = shape_buckets(np.array([3, 17, 9]), np.array([5, 12, 30]), max_tokens=256, length_multiple=8, max_sentences=20)
+    longest = int(max(np.max([3, 17, 9]), np.max([5, 12, 30])))
+    shapes = padded_shapes(longest, max_tokens=256, length_multiple=8, max_sentences=20)
     assert [length for _, length in shapes] == [8, 16, 24, 32]
     assert shapes[0] == (20, 8) and shapes[-1] == (8, 32)
     assert all(rows * length <= 256 for rows, length in shapes)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nmt.checkpoint_io import load_checkpoint
-from nmt.train.trainer import micro_seed
+from nmt.data.plan import Update, micro_seed
 
 from .conftest import parse_log, process_group, run_subprocess, train_command
 
@@ -87,20 +87,27 @@ def test_sigterm_finishes_the_update_saves_and_exits_0(tiny_data, tmp_path):
 
 
 def make_trainer(tiny_data, save_dir, *extra):
+    from nmt.data import load_manifest
     from nmt_cli.train import build_parser, make_configs
     from nmt.train.trainer import Trainer
 
-    train_cfg, model_cfg = make_configs(build_parser().parse_args([tiny_data, *train_command(tiny_data, save_dir, *extra)]))
-    return Trainer(train_cfg, model_cfg)
+    manifest = load_manifest(tiny_data)
+    train_cfg, model_cfg = make_configs(build_parser().parse_args([tiny_data, *train_command(tiny_data, save_dir, *extra)]), manifest)
+    return Trainer(train_cfg, model_cfg, manifest=manifest)
+
+
+def update_of(trainer, *batches):
+    """One update of these batches (sample indices) of the first epoch, as the data plan makes it."""
+    micro = [part for indices in batches for part in trainer.plan.micro_batches(indices)]
+    tgt = trainer.plan.current.dataset.tgt_lengths
+    return Update(micro, int(sum(tgt[i].sum() for i in batches)), int(sum(len(i) for i in batches)))
 
 
 def test_padded_and_packed_layouts_give_the_same_update(tiny_data, tmp_path):
     """Same samples, both layouts: same loss, same gradients, same parameters after the step."""
     # Dropout off: its masks are drawn over differently shaped tensors in the two layouts.
     trainers = [make_trainer(tiny_data, tmp_path / layout, "--layout", layout, "--dropout", "0") for layout in ("padded", "packed")]
-    micro = [(0, np.arange(0, 9)), (20, np.arange(20, 31))]
-    tokens = int(trainers[0].tgt_lengths[np.r_[0:9, 20:31]].sum())
-    stats = [t.run_update(micro, update_tokens=tokens, update_sentences=20) for t in trainers]
+    stats = [t.step(update_of(t, np.arange(0, 9), np.arange(20, 31))) for t in trainers]
     assert stats[0].loss == pytest.approx(stats[1].loss, rel=1e-5)
     assert stats[0].grad_norm == pytest.approx(stats[1].grad_norm, rel=1e-4)
     for (name, a), (_, b) in zip(trainers[0].model.named_parameters(), trainers[1].model.named_parameters()):
@@ -111,10 +118,9 @@ def test_max_tokens_per_microbatch_splits_without_changing_the_update(tiny_data,
     whole = make_trainer(tiny_data, tmp_path / "whole", "--dropout", "0")
     split = make_trainer(tiny_data, tmp_path / "split", "--dropout", "0", "--max-tokens-per-microbatch", "40")
     indices = np.arange(0, 12)
-    assert len(split.split_microbatches(indices)) > 1
-    tokens = int(whole.tgt_lengths[indices].sum())
-    a = whole.run_update([(0, indices)], update_tokens=tokens, update_sentences=12)
-    b = split.run_update([(0, indices)], update_tokens=tokens, update_sentences=12)
+    assert len(split.plan.micro_batches(indices)) > 1
+    a = whole.step(update_of(whole, indices))
+    b = split.step(update_of(split, indices))
     assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
 
 
@@ -123,7 +129,7 @@ def test_checkpoint_loads_with_weights_only_and_rejects_pickled_code(tiny_data, 
     assert result.returncode == 0, result.stderr[-2000:]
     path = tmp_path / "ck" / "checkpoint_last.pt"
     state = torch.load(path, weights_only=True)  # no code runs from the file
-    assert {"model", "optimizer", "lr_scheduler", "sampler", "rng", "train_config", "model_config", "vocab"} <= set(state)
+    assert {"model", "optimizer", "lr_scheduler", "data_plan", "rng", "train_config", "model_config", "vocab"} <= set(state)
 
     class Payload:
         def __reduce__(self):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from .conftest import parse_log, run_subprocess, train_command
-from .test_trainer import make_trainer
+from .test_trainer import make_trainer, update_of
 
 
 @pytest.mark.parametrize("flag", ["--bf16", "--fp16"])
@@ -26,15 +26,14 @@ def test_non_finite_updates_are_skipped_counted_then_stop_training(tiny_data, tm
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     with torch.no_grad():
         trainer.model.encoder.layers[0].ffn.fc1.weight[0, 0] = float("inf")
-    batch = np.arange(0, 8)
-    tokens = int(trainer.tgt_lengths[batch].sum())
-    stats = trainer.run_update([(0, batch)], update_tokens=tokens, update_sentences=8)
-    assert stats.skipped and trainer.state.skipped_updates == 1
+    update = update_of(trainer, np.arange(0, 8))
+    stats = trainer.step(update)
+    assert stats.skipped and trainer.step.skipped_updates == 1
     for name, p in trainer.model.named_parameters():  # no optimizer step happened
         if name != "encoder.layers.0.ffn.fc1.weight":
             assert torch.equal(p, before[name]), name
     with pytest.raises(RuntimeError, match="2 consecutive updates with a non-finite"):
-        trainer.run_update([(0, batch)], update_tokens=tokens, update_sentences=8)
+        trainer.step(update)
 
 
 def test_tensorboard_scalars_are_written(tiny_data, tmp_path):
@@ -53,9 +52,9 @@ def test_tensorboard_scalars_are_written(tiny_data, tmp_path):
 
 def test_length_curriculum_runs_easy_batches_first(tiny_data, tmp_path):
     trainer = make_trainer(tiny_data, tmp_path / "ck", "--curriculum", "length", "--curriculum-epochs", "1")
-    trainer.sampler.set_epoch(0)
-    batches = trainer.sampler.global_batches()
-    hardest = [int(np.maximum(trainer.train_data.src_lengths[b], trainer.train_data.tgt_lengths[b]).max()) for b in batches.to_list()]
+    epoch = trainer.plan.current  # one rank: its batches are the global sequence
+    batches = epoch.rank_batches
+    hardest = [int(np.maximum(epoch.dataset.src_lengths[b], epoch.dataset.tgt_lengths[b]).max()) for b in batches.to_list()]
     assert hardest == sorted(hardest) and hardest[0] < hardest[-1]
 
 

@@ -1,0 +1,174 @@
+"""The dataset manifest (``manifest.json``), read once per run into typed, checked entries.
+
+A dataset directory is self-contained: every path in the manifest is relative to the directory, so
+a moved or copied dataset still opens. A manifest with a missing or mistyped entry is reported as
+one line naming the file and the entry, never as a KeyError deep in training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SideEntry:
+    """One side (source or target) of a split: ``prefix.bin`` / ``prefix.idx``."""
+
+    prefix: str
+    num_tokens: int
+    token_dtype: str
+
+
+@dataclass(frozen=True)
+class SplitEntry:
+    name: str
+    role: str  # train | valid | test
+    num_lines: int  # lines of the raw text
+    num_samples: int  # pairs kept
+    src: SideEntry
+    tgt: SideEntry
+    line_numbers: str | None = None  # .npy with the raw line of each kept pair (train splits)
+    input_prefix: str | None = None  # where the raw text was read from (informative only)
+    filtered: dict[str, int] = field(default_factory=dict)
+    replaced_invalid_utf8: int = 0
+
+
+@dataclass(frozen=True)
+class SpmEntry:
+    joint: bool
+    src_model: str
+    tgt_model: str
+    src_vocab_size: int
+    tgt_vocab_size: int
+    given_model: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    directory: str  # where it was read from (not stored)
+    source_lang: str
+    target_lang: str
+    special_ids: dict[str, int]
+    spm: SpmEntry
+    splits: dict[str, SplitEntry]
+    checksums: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    convention: str = "source = pieces + EOS; target = pieces + EOS; decoder input = BOS + target[:-1]"
+
+    def path(self, name: str) -> str:
+        """A file of the dataset, wherever the directory is now."""
+        return os.path.join(self.directory, name)
+
+    def split(self, name: str) -> SplitEntry:
+        if name not in self.splits:
+            raise ValueError(f"{self.directory}: no split {name!r} (have: {', '.join(self.splits)})")
+        return self.splits[name]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "manifest_version": MANIFEST_VERSION,
+            "source_lang": self.source_lang,
+            "target_lang": self.target_lang,
+            "special_ids": dict(self.special_ids),
+            "convention": self.convention,
+            "spm": vars(self.spm).copy(),
+            "splits": {name: _split_json(entry) for name, entry in self.splits.items()},
+            "config": self.config,
+            "checksums": dict(self.checksums),
+        }
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any], *, directory: str, source: str = MANIFEST_NAME) -> Manifest:
+        reader = _Reader(source)
+        version = reader.get(values, "manifest_version", int)
+        if version != MANIFEST_VERSION:
+            raise ValueError(f"{source}: manifest version {version}, this nmt reads version {MANIFEST_VERSION}")
+        spm = reader.get(values, "spm", dict)
+        splits = reader.get(values, "splits", dict)
+        return cls(
+            directory=directory,
+            source_lang=reader.get(values, "source_lang", str),
+            target_lang=reader.get(values, "target_lang", str),
+            special_ids=reader.get(values, "special_ids", dict),
+            spm=SpmEntry(
+                joint=reader.get(spm, "joint", bool, where="spm"),
+                src_model=reader.get(spm, "src_model", str, where="spm"),
+                tgt_model=reader.get(spm, "tgt_model", str, where="spm"),
+                src_vocab_size=reader.get(spm, "src_vocab_size", int, where="spm"),
+                tgt_vocab_size=reader.get(spm, "tgt_vocab_size", int, where="spm"),
+                given_model=spm.get("given_model"),
+            ),
+            splits={name: reader.split(name, entry) for name, entry in splits.items()},
+            checksums=values.get("checksums", {}),
+            config=values.get("config", {}),
+        )
+
+    def write(self, directory: str) -> None:
+        """``directory/manifest.json``, atomically: a directory with a manifest is a complete one."""
+        from nmt.fileio import atomic_write
+
+        with atomic_write(os.path.join(directory, MANIFEST_NAME), "w", encoding="utf-8") as handle:
+            json.dump(self.to_json(), handle, indent=2)
+            handle.write("\n")
+
+
+def _split_json(entry: SplitEntry) -> dict[str, Any]:
+    values = {key: value for key, value in vars(entry).items() if key != "name"}
+    values["src"], values["tgt"] = vars(entry.src).copy(), vars(entry.tgt).copy()
+    return values
+
+
+class _Reader:
+    """Typed access to the JSON, with errors that name the manifest and the entry."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def get(self, values: Any, key: str, kind: type, *, where: str = "") -> Any:
+        name = f"{where}.{key}" if where else key
+        if not isinstance(values, dict) or key not in values:
+            raise ValueError(f"{self.source}: no {name!r} entry (not a complete nmt-preprocess manifest)")
+        value = values[key]
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{self.source}: entry {name!r} should be a {kind.__name__}, got {value!r}")
+        return value
+
+    def side(self, values: Any, where: str) -> SideEntry:
+        return SideEntry(
+            prefix=self.get(values, "prefix", str, where=where),
+            num_tokens=self.get(values, "num_tokens", int, where=where),
+            token_dtype=self.get(values, "token_dtype", str, where=where),
+        )
+
+    def split(self, name: str, values: Any) -> SplitEntry:
+        where = f"splits.{name}"
+        return SplitEntry(
+            name=name,
+            role=self.get(values, "role", str, where=where),
+            num_lines=self.get(values, "num_lines", int, where=where),
+            num_samples=self.get(values, "num_samples", int, where=where),
+            src=self.side(self.get(values, "src", dict, where=where), f"{where}.src"),
+            tgt=self.side(self.get(values, "tgt", dict, where=where), f"{where}.tgt"),
+            line_numbers=values.get("line_numbers"),
+            input_prefix=values.get("input_prefix"),
+            filtered=values.get("filtered", {}),
+            replaced_invalid_utf8=values.get("replaced_invalid_utf8", 0),
+        )
+
+
+def load_manifest(data_dir: str) -> Manifest:
+    path = os.path.join(data_dir, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no manifest; is {data_dir} a directory written by nmt-preprocess?") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: cannot read manifest: {error}") from None
+    return Manifest.from_json(values, directory=data_dir, source=path)

@@ -1,0 +1,492 @@
+"""The training-data plan: every data decision of a run, owned in one place.
+
+Built from one ``DataConfig`` (with its ``BatchingConfig``), the run's seed and this rank's place,
+the plan owns the corpora, the blend of an epoch, the difficulty of every sample (aligned to
+samples, never to blend slots), the global batch sequence, this rank's share of it, micro-batch
+splitting, the static shapes of ``--compile`` and its own resumable position. The trainer only asks
+for the next update::
+
+    plan = TrainingDataPlan(cfg.data, seed=1, rank=r, world_size=w)
+    while ...:
+        info = plan.begin_epoch()
+        for update in plan.updates():      # this rank's collated micro-batches + the global counts
+            ...
+        plan.end_epoch()
+    plan.state_dict() / plan.load_state_dict(state)   # exact resume
+
+Update k of an epoch covers global batches [k W U, (k+1) W U) whatever the world size W and the
+accumulation U (``nmt.data.batching``); its token count is summed over those global batches, so
+the loss is normalised once by the same number on every rank. Dropout seeds come from (seed,
+epoch, the batch's first sample, part), never from the rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from nmt import dist
+from nmt.config import DataConfig
+from nmt.data.batching import Batches, batch_tokens, global_batches, shard
+from nmt.data.blend import BlendedCorpus, BlendedEpochs, weights_from_temperature
+from nmt.data.collate import Sample, collate
+from nmt.data.corpus import ParallelCorpus
+from nmt.data.curriculum import distributed_sample_sort
+from nmt.data.manifest import Manifest, load_manifest
+from nmt.data.packing import partition_microbatches
+from nmt.data.shapes import StaticShapes
+from nmt.data.spm import BOS_ID, PAD_ID
+from nmt.fileio import atomic_write
+
+logger = logging.getLogger(__name__)
+
+# Scores a list of training pairs (higher: harder); must depend on each pair alone.
+DifficultyScorer = Callable[[Sequence[Sample]], np.ndarray]
+SCORE_CHUNK = 512  # pairs scored together: chunks are aligned globally, so no score depends on W
+
+
+@dataclass
+class MicroBatch:
+    indices: np.ndarray  # samples of the epoch's dataset (sorted within a split batch)
+    batch: dict[str, torch.Tensor]  # collated, on the CPU
+    seed: int  # dropout seed
+    dummy: bool  # keeps ranks in step at an epoch's end, or an empty part of a split: zero weight
+
+
+@dataclass
+class Update:
+    micro_batches: list[MicroBatch]  # this rank's
+    num_tokens: int  # target tokens of the whole update, all ranks: the loss normaliser
+    num_sentences: int  # sentences of the whole update, all ranks
+
+
+@dataclass
+class EpochInfo:
+    epoch: int  # 0-based
+    num_updates: int  # updates in the epoch
+    first_update: int  # > 0 when resuming inside the epoch
+    blend_counts: dict[str, int]  # samples and tokens per corpus (blends only)
+
+
+@dataclass
+class EpochBatches:
+    dataset: ParallelCorpus | BlendedCorpus
+    difficulty: np.ndarray | None  # (len(dataset),) per sample of the epoch's dataset
+    rank_batches: Batches
+    update_tokens: np.ndarray  # (num_updates,) global target tokens per update
+    update_sentences: np.ndarray  # (num_updates,)
+
+    @property
+    def num_updates(self) -> int:
+        return int(self.update_tokens.shape[0])
+
+
+def micro_seed(seed: int, epoch: int, batch_key: int, part: int) -> int:
+    """A dropout seed from the data alone, never from the rank or world size.
+
+    ``batch_key`` is the batch's first sample index: batches of an epoch are disjoint slices of
+    one permutation, so it names the batch whichever rank runs it, at whatever position.
+    """
+    return int(np.random.SeedSequence([seed, epoch, batch_key, part]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def segment_sums(values: np.ndarray, *, group: int) -> np.ndarray:
+    """Sums of consecutive groups of ``group`` values (the last one may be short)."""
+    if values.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.add.reduceat(values.astype(np.int64), np.arange(0, values.shape[0], group))
+
+
+def truncate(tokens: np.ndarray, limit: int) -> np.ndarray:
+    """At most ``limit`` tokens, the final EOS kept."""
+    return tokens if tokens.shape[0] <= limit else np.concatenate([tokens[: limit - 1], tokens[-1:]])
+
+
+class TrainingDataPlan:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        *,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        static_shapes: bool = False,
+        max_positions: tuple[int, int] | None = None,
+        cache_dir: str | None = None,
+        manifest: Manifest | None = None,
+        scorer: DifficultyScorer | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.batching = cfg.batching
+        self.seed = seed
+        self.rank, self.world_size = rank, world_size
+        self.max_positions = max_positions
+        self.manifest = load_manifest(cfg.data_dir) if manifest is None else manifest
+        self.corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
+        self.valid = (
+            ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
+            if cfg.valid_subset in self.manifest.splits
+            else None
+        )
+        self._check_positions()
+        self._report_long_valid_pairs()
+        # Padded static shapes round every sample up; packed ones round the batch total instead.
+        self.length_multiple = self.batching.length_multiple if static_shapes and not self.batching.packed else 1
+        self.static = (
+            StaticShapes.for_data(
+                self.longest, max_tokens=self.batching.max_tokens, length_multiple=self.batching.length_multiple,
+                max_sentences=self.batching.max_sentences, packed=self.batching.packed,
+            )
+            if static_shapes
+            else None
+        )
+        self.difficulty = self._difficulty(scorer, cache_dir=cache_dir)
+        self.blend = self._make_blend(cache_dir)
+        # The position: what a checkpoint saves.
+        self.epoch = 0
+        self.epoch_start_update = 0  # updates done before this epoch (competence schedules by it)
+        self.updates_done = 0  # updates of this epoch already handed out
+        self._current: EpochBatches | None = None
+
+    # ----------------------------------------------------------------------------- set-up
+    @property
+    def num_samples(self) -> int:
+        return sum(len(corpus) for corpus in self.corpora)
+
+    @property
+    def longest(self) -> int:
+        return max(int(max(np.max(c.src_lengths, initial=1), np.max(c.tgt_lengths, initial=1))) for c in self.corpora)
+
+    def _check_positions(self) -> None:
+        """A training sample longer than the model's positions would fail mid-epoch: say it now."""
+        if self.max_positions is None:
+            return
+        for side, option, limit in (("src", "--max-source-positions", self.max_positions[0]), ("tgt", "--max-target-positions", self.max_positions[1])):
+            longest = max(int(np.max(getattr(c, f"{side}_lengths"), initial=0)) for c in self.corpora)
+            if longest > limit:
+                raise ValueError(
+                    f"{option} {limit}: the training data has samples of {longest} tokens; "
+                    f"preprocess with --max-len {limit} or raise {option}"
+                )
+
+    def _make_blend(self, cache_dir: str | None) -> BlendedEpochs | None:
+        cfg = self.cfg
+        if not cfg.blended:
+            return None
+        sizes = [len(corpus) for corpus in self.corpora]
+        if cfg.subset_weights:
+            weights = list(cfg.subset_weights)
+        elif cfg.sampling_temperature:
+            weights = list(weights_from_temperature(sizes, cfg.sampling_temperature))
+        else:
+            weights = [float(size) for size in sizes]
+        return BlendedEpochs(
+            sizes, weights, cfg.epoch_samples or sum(sizes), seed=self.seed,
+            cache_dir=None if cache_dir is None else os.path.join(cache_dir, "blend-cache"),
+            rank=self.rank, world_size=self.world_size, barrier=dist.barrier,
+        )
+
+    def _difficulty(self, scorer: DifficultyScorer | None, *, cache_dir: str | None) -> np.ndarray | None:
+        """One difficulty per sample of the corpora, in corpus order (concatenated)."""
+        spec = self.cfg.curriculum
+        if spec is None:
+            return None
+        if spec == "length":
+            return np.concatenate([np.maximum(c.src_lengths, c.tgt_lengths) for c in self.corpora]).astype(np.float64)
+        if spec.startswith("file:"):
+            return np.concatenate([read_scores(path, corpus) for path, corpus in zip(self.cfg.curriculum_files, self.corpora)])
+        if scorer is None:
+            raise ValueError(f"--curriculum {spec}: no model scorer was given to the data plan")
+        return self._model_difficulty(spec[len("model:") :], scorer, cache_dir=cache_dir)
+
+    def _model_difficulty(self, checkpoint: str, scorer: DifficultyScorer, *, cache_dir: str | None) -> np.ndarray:
+        """Each pair scored by a model on one rank (chunks of the corpora dealt out to ranks), ranked
+        globally by the distributed sample sort; cached next to the dataset."""
+        cache_name = f"model-{self._difficulty_key(checkpoint)}.npy"
+        candidates = [os.path.join(self.cfg.data_dir, "difficulty", cache_name)]
+        if cache_dir is not None:
+            candidates.append(os.path.join(cache_dir, "difficulty", cache_name))
+        found = dist.broadcast_object(next((p for p in candidates if os.path.isfile(p)), None))
+        if found is not None:
+            logger.info("difficulty of %d pairs read from %s", self.num_samples, found)
+            return np.load(found, mmap_mode="r")
+        total = self.num_samples
+        num_chunks = -(-total // SCORE_CHUNK)
+        first, last = self.rank * num_chunks // self.world_size, (self.rank + 1) * num_chunks // self.world_size
+        lo, hi = min(first * SCORE_CHUNK, total), min(last * SCORE_CHUNK, total)
+        starts = np.cumsum([0] + [len(c) for c in self.corpora])
+        scores = np.empty(hi - lo, dtype=np.float64)
+        with tqdm(total=hi - lo, unit="pair", desc=f"score ({checkpoint})", mininterval=2.0, disable=self.rank != 0) as bar:
+            for start in range(lo, hi, SCORE_CHUNK):
+                stop = min(start + SCORE_CHUNK, hi)
+                samples = [self._sample(starts, i) for i in range(start, stop)]
+                scores[start - lo : stop - lo] = scorer(samples)
+                bar.update(stop - start)
+        if not np.isfinite(scores).all():
+            raise ValueError(f"--curriculum model:{checkpoint}: the model gave a non-finite score")
+        rows = np.stack([scores, np.arange(lo, hi, dtype=np.float64)], axis=1)  # (n, 2): ties by index
+        mine = distributed_sample_sort(rows)[:, 1].astype(np.int64)
+        order = np.concatenate([part.numpy() for part in dist.all_gather_variable(torch.from_numpy(mine))])
+        difficulty = np.empty(total, dtype=np.float64)
+        difficulty[order] = np.arange(total, dtype=np.float64)
+        if self.rank == 0:
+            self._write_cache(candidates, difficulty)
+        return difficulty
+
+    def _sample(self, starts: np.ndarray, index: int) -> Sample:
+        corpus = int(np.searchsorted(starts, index, side="right")) - 1
+        return self.corpora[corpus][index - int(starts[corpus])]
+
+    def _difficulty_key(self, checkpoint: str) -> str:
+        digest = hashlib.sha256()
+        try:
+            with open(checkpoint, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError as error:
+            raise ValueError(f"--curriculum model:{checkpoint}: cannot read the checkpoint ({error.strerror})") from None
+        for corpus in self.corpora:
+            digest.update(corpus.split.encode())
+            for side in (corpus.entry.src, corpus.entry.tgt):
+                digest.update(self.manifest.checksums.get(side.prefix + ".bin", side.prefix).encode())
+        return digest.hexdigest()[:20]
+
+    @staticmethod
+    def _write_cache(candidates: list[str], difficulty: np.ndarray) -> None:
+        for path in candidates:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with atomic_write(path) as handle:
+                    np.save(handle, difficulty)
+                logger.info("difficulty cached in %s", path)
+                return
+            except OSError as error:
+                logger.warning("cannot cache the difficulty in %s (%s)", path, error)
+
+    # ----------------------------------------------------------------------------- one epoch
+    def _prepare(self) -> EpochBatches:
+        if self.blend is None:
+            dataset: ParallelCorpus | BlendedCorpus = self.corpora[0]
+            difficulty = self.difficulty
+        else:
+            dataset = BlendedCorpus(self.corpora, *self.blend.get(self.epoch))
+            difficulty = None if self.difficulty is None else self.difficulty[dataset.flat_ids]
+        src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
+        per_update = self.world_size * self.batching.update_freq
+        batches = global_batches(
+            src, tgt, self.batching, seed=self.seed, epoch=self.epoch, difficulty=difficulty,
+            start_update=self.epoch_start_update, batches_per_update=per_update, length_multiple=self.length_multiple,
+        )
+        tgt_per_batch = batch_tokens(batches, tgt.astype(np.int64))
+        return EpochBatches(
+            dataset=dataset,
+            difficulty=difficulty,
+            rank_batches=shard(batches, num_replicas=self.world_size, rank=self.rank, sample_tokens=src + tgt),
+            update_tokens=segment_sums(tgt_per_batch, group=per_update),
+            update_sentences=segment_sums(batches.sizes, group=per_update),
+        )
+
+    @property
+    def current(self) -> EpochBatches:
+        """The current epoch's dataset and this rank's batches (prepared on first use)."""
+        if self._current is None:
+            self._current = self._prepare()
+        return self._current
+
+    def begin_epoch(self) -> EpochInfo:
+        """Prepare the current epoch (the next blend is then built in the background)."""
+        epoch = self.current
+        counts: dict[str, int] = {}
+        if isinstance(epoch.dataset, BlendedCorpus):
+            samples, tokens = epoch.dataset.per_corpus_counts()
+            for name, num_samples, num_tokens in zip(self.cfg.train_subsets, samples, tokens):
+                counts[f"{name}_samples"], counts[f"{name}_tokens"] = int(num_samples), int(num_tokens)
+        return EpochInfo(self.epoch, epoch.num_updates, self.updates_done, counts)
+
+    def updates(self) -> Iterator[Update]:
+        """The rest of the current epoch, update by update, from the saved position."""
+        epoch = self.current
+        per_rank = self.batching.update_freq
+        batches = epoch.rank_batches
+        collated = self._collated(epoch, start=self.updates_done * per_rank)
+        while self.updates_done < epoch.num_updates:
+            k = self.updates_done
+            micro = []
+            for position in range(k * per_rank, min((k + 1) * per_rank, len(batches))):
+                micro.extend(self.micro_batches(batches[position], ready=next(collated)))
+            self.updates_done += 1  # before the yield: a save after this update resumes after it
+            yield Update(micro, int(epoch.update_tokens[k]), int(epoch.update_sentences[k]))
+
+    def end_epoch(self) -> None:
+        assert self._current is not None and self.updates_done == self._current.num_updates, "epoch not finished"
+        self.epoch_start_update += self._current.num_updates
+        self.epoch += 1
+        self.updates_done = 0
+        self._current = None
+
+    def _collated(self, epoch: EpochBatches, *, start: int) -> Iterator[dict[str, torch.Tensor] | None]:
+        """This rank's batches from ``start`` on, collated ahead by --num-workers processes (or here).
+
+        With --max-tokens-per-microbatch the parts are collated in ``micro_batches`` instead (their
+        number is agreed across ranks there, by a collective), so this yields None.
+        """
+        if self.batching.max_tokens_per_microbatch is not None:
+            return itertools.repeat(None)
+        remaining = [epoch.rank_batches[i] for i in range(start, len(epoch.rank_batches))]
+        make = _BatchMaker(epoch.dataset, self)
+        if self.cfg.num_workers == 0:
+            return map(make, remaining)
+        return iter(
+            torch.utils.data.DataLoader(
+                _Batches(remaining, make), batch_size=None, num_workers=self.cfg.num_workers, prefetch_factor=4
+            )
+        )
+
+    def micro_batches(self, indices: np.ndarray, *, ready: dict[str, torch.Tensor] | None = None) -> list[MicroBatch]:
+        """One batch of the current epoch's dataset as micro-batches (split under
+        --max-tokens-per-microbatch); ``ready``: the batch already collated (unsplit)."""
+        dataset = self.current.dataset
+        key = int(indices[0]) if indices.size else 0  # a dummy's seed is moot: zero weight
+        parts = [indices] if self.batching.max_tokens_per_microbatch is None else self._split(dataset, indices)
+        make = _BatchMaker(dataset, self)
+        return [
+            MicroBatch(
+                indices=part,
+                batch=ready if ready is not None else make(part),
+                seed=micro_seed(self.seed, self.epoch, key, part_index),
+                dummy=part.size == 0,
+            )
+            for part_index, part in enumerate(parts)
+        ]
+
+    def _split(self, dataset: ParallelCorpus | BlendedCorpus, indices: np.ndarray) -> list[np.ndarray]:
+        """--max-tokens-per-microbatch: balanced parts under the cap; every rank makes as many
+        (called for dummy batches too: the count is agreed by a collective inside)."""
+        src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
+        lengths = np.maximum(src[indices], tgt[indices]).astype(np.int64)
+        return [indices[p] for p in partition_microbatches(lengths, self.batching.max_tokens_per_microbatch)]
+
+    # ----------------------------------------------------------------------------- validation
+    def valid_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's share of the validation split, in length order, under the same budget.
+        Sentences longer than the model's positions or the budget are truncated (counted, logged
+        once): validation never stops a run."""
+        if self.valid is None:
+            return
+        limits = self._valid_limits()
+        src = np.minimum(self.valid.src_lengths, limits[0])
+        tgt = np.minimum(self.valid.tgt_lengths, limits[1])
+        cfg = dataclasses.replace(self.batching, batch_noise=0.0, competence_updates=0, curriculum_epochs=0)
+        batches = shard(
+            global_batches(src, tgt, cfg, seed=0, epoch=0, shuffle=False),
+            num_replicas=self.world_size, rank=self.rank,
+        )
+        for i in range(len(batches)):
+            indices = batches[i]
+            if indices.size:
+                samples = [self.valid[int(j)] for j in indices]
+                yield collate(
+                    [(truncate(s, limits[0]), truncate(t, limits[1])) for s, t in samples],
+                    pad_id=PAD_ID, bos_id=BOS_ID, layout=self.batching.layout,
+                )
+
+    def _valid_limits(self) -> tuple[int, int]:
+        budget = self.batching.max_tokens
+        positions = self.max_positions or (budget, budget)
+        return min(positions[0], budget), min(positions[1], budget)
+
+    def _report_long_valid_pairs(self) -> None:
+        if self.valid is None:
+            return
+        src_limit, tgt_limit = self._valid_limits()
+        too_long = int(((self.valid.src_lengths > src_limit) | (self.valid.tgt_lengths > tgt_limit)).sum())
+        if too_long:
+            logger.warning(
+                "%d of %d validation pairs are longer than the model's positions or --max-tokens "
+                "(source %d, target %d tokens): they are truncated for validation",
+                too_long, len(self.valid), src_limit, tgt_limit,
+            )
+
+    # ----------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "epoch_start_update": self.epoch_start_update, "updates_done": self.updates_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.epoch_start_update = int(state["epoch_start_update"])
+        self.updates_done = int(state["updates_done"])
+        self._current = None
+
+    def close(self) -> None:
+        if self.blend is not None:
+            self.blend.close()
+
+
+class _BatchMaker:
+    """Collates a rank batch of one epoch's dataset; a dummy (empty) batch gets sample 0, at zero weight.
+    A plain object (not a closure) so DataLoader workers can receive it."""
+
+    def __init__(self, dataset: ParallelCorpus | BlendedCorpus, plan: TrainingDataPlan) -> None:
+        self.dataset = dataset
+        self.static = plan.static
+        self.layout = plan.batching.layout
+
+    def __call__(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        indices = indices if indices.size else np.zeros(1, dtype=np.int64)
+        samples = [self.dataset[int(i)] for i in indices]
+        if self.static is not None:
+            return self.static.collate(samples)
+        return collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout=self.layout)
+
+
+class _Batches(torch.utils.data.Dataset):
+    """A rank's batches for the rest of an epoch, in order, collated where the DataLoader runs it."""
+
+    def __init__(self, batches: list[np.ndarray], make: _BatchMaker) -> None:
+        self.batches = batches
+        self.make = make
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.make(self.batches[index])
+
+
+def read_scores(path: str, corpus: ParallelCorpus) -> np.ndarray:
+    """``--curriculum file:PATH``: one float per raw training line (or per kept pair), aligned to
+    the corpus's samples."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().split("\n")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--curriculum: cannot read {path}: {error}") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    scores = np.empty(len(lines), dtype=np.float64)
+    for number, line in enumerate(lines, start=1):
+        try:
+            scores[number - 1] = float(line)
+        except ValueError:
+            raise ValueError(f"{path}:{number}: not a number: {line[:40]!r} (--curriculum)") from None
+    if not np.isfinite(scores).all():
+        raise ValueError(f"{path}:{int(np.flatnonzero(~np.isfinite(scores))[0]) + 1}: score is not finite (--curriculum)")
+    num_lines = corpus.entry.num_lines
+    if scores.shape[0] == num_lines:
+        return scores[np.asarray(corpus.line_numbers)]
+    if scores.shape[0] == len(corpus):
+        return scores
+    raise ValueError(
+        f"{path}: {scores.shape[0]} scores, expected one per training line ({num_lines}) "
+        f"or per kept pair ({len(corpus)}) of split {corpus.split!r}"
+    )

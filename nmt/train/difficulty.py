@@ -1,0 +1,65 @@
+"""``--curriculum model:CHECKPOINT``: training pairs scored by a trained model's loss per target token.
+
+The data plan deals chunks of the corpora out to ranks, calls the scorer on each chunk, and sorts
+the scores globally (``distributed_sample_sort``). Chunks are aligned the same way for any number
+of ranks and each is scored the same way (length order, batches cut by the token-budget batcher),
+so no score depends on the rank that computed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nmt.checkpoint_io import load_checkpoint, tensor_to_bytes
+from nmt.config import ModelConfig, from_dict
+from nmt.data.batching import greedy_offsets
+from nmt.data.collate import Sample, collate
+from nmt.data.manifest import Manifest
+from nmt.data.plan import DifficultyScorer, truncate
+from nmt.data.spm import BOS_ID, PAD_ID
+from nmt.model import build_model
+
+SCORE_BATCH_TOKENS = 8192  # padded tokens per scoring batch
+
+
+def checkpoint_scorer(path: str, *, manifest: Manifest, device: torch.device) -> DifficultyScorer:
+    """A scorer from a checkpoint trained on this dataset's vocabulary (checked, not assumed)."""
+    option = f"--curriculum model:{path}"
+    try:
+        state = load_checkpoint(path)
+    except ValueError as error:
+        raise ValueError(f"{option}: {error}") from None
+    for side, name in (("src", manifest.spm.src_model), ("tgt", manifest.spm.tgt_model)):
+        with open(manifest.path(name), "rb") as handle:
+            if tensor_to_bytes(state["vocab"][f"{side}_spm"]) != handle.read():
+                raise ValueError(f"{option}: the checkpoint's vocabulary is not {manifest.path(name)}; score with a model of this dataset")
+    model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto", dropout=0.0)
+    model = build_model(model_cfg)
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    limits = (model_cfg.max_source_positions, model_cfg.max_target_positions)
+
+    @torch.no_grad()
+    def score(samples: Sequence[Sample]) -> np.ndarray:
+        pairs = [(truncate(src, limits[0]), truncate(tgt, limits[1])) for src, tgt in samples]
+        longest = np.array([max(len(s), len(t)) for s, t in pairs], dtype=np.int64)
+        order = np.argsort(-longest, kind="stable")
+        offsets = greedy_offsets(longest[order], longest[order], SCORE_BATCH_TOKENS, packed=False)
+        scores = np.empty(len(pairs), dtype=np.float64)
+        for start, stop in zip(offsets[:-1], offsets[1:]):
+            indices = order[start:stop]
+            batch = collate([pairs[i] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, layout="padded")
+            batch = {k: v.to(device) for k, v in batch.items()}
+            hidden = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"], batch["tgt_lengths"])
+            logits = model.output_projection(hidden).float()  # (B, T, V)
+            nll = F.cross_entropy(logits.transpose(1, 2), batch["target"], ignore_index=PAD_ID, reduction="none")  # (B, T)
+            per_token = nll.sum(1) / batch["tgt_lengths"].clamp(min=1)
+            scores[indices] = per_token.double().cpu().numpy()
+        return scores
+
+    return score

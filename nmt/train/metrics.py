@@ -1,0 +1,80 @@
+"""Training metrics: one line per record (simple text on stderr, or JSON on stdout), TensorBoard
+scalars, and the throughput window between two training records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from nmt.config import LoggingConfig
+from nmt.train.step import UpdateStats
+
+logger = logging.getLogger("nmt.train")
+
+
+class MetricsLog:
+    def __init__(self, cfg: LoggingConfig, *, enabled: bool, tensorboard: bool) -> None:
+        """``enabled``: this rank logs (rank 0, or all with --log-all-ranks); ``tensorboard``: this
+        rank writes the TensorBoard file (rank 0 only)."""
+        self.cfg = cfg
+        self.enabled = enabled
+        self.writer = None
+        if tensorboard and cfg.tensorboard_logdir:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+
+            self.writer = SummaryWriter(cfg.tensorboard_logdir)
+        self._window = _Window()
+
+    def log(self, values: dict[str, Any], *, prefix: str, update: int, epoch: int) -> None:
+        """``epoch`` as the user counts it (1-based)."""
+        if not self.enabled:
+            return
+        record = {"update": update, "epoch": epoch, **values}
+        if self.cfg.log_format == "json":
+            print(json.dumps({"kind": prefix, **record}), flush=True)
+        else:
+            text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+            logger.info("%s | %s", prefix, text)
+        if self.writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{prefix}/{key}", value, update)
+
+    def record_update(self, stats: UpdateStats, *, update: int, epoch: int, extra: dict[str, Any]) -> dict[str, Any] | None:
+        """Count the update into the window; every --log-interval updates, log and return the record."""
+        self._window.add(stats)
+        if update % self.cfg.log_interval:
+            return None
+        values = {
+            "loss": stats.loss, "nll": stats.nll, "ppl": 2**stats.nll, "lr": stats.lr,
+            "ntokens": stats.ntokens, "nsentences": stats.nsentences, "wps": self._window.words_per_second(),
+            "gnorm": stats.grad_norm, "padding_ratio": self._window.padding_ratio(), **extra,
+        }
+        self.log(values, prefix="train", update=update, epoch=epoch)
+        self._window = _Window()
+        return values
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class _Window:
+    """Tokens and padding since the last training record."""
+
+    def __init__(self) -> None:
+        self.tokens = self.padded = self.real = 0
+        self.started = time.perf_counter()
+
+    def add(self, stats: UpdateStats) -> None:
+        self.tokens += stats.ntokens
+        self.padded += stats.padded_tokens
+        self.real += stats.real_tokens
+
+    def words_per_second(self) -> float:
+        return self.tokens / max(time.perf_counter() - self.started, 1e-9)
+
+    def padding_ratio(self) -> float:
+        return 1.0 - self.real / max(self.padded, 1)
