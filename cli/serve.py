@@ -13,7 +13,7 @@ import time
 from nmt.checkpoint_io import load_checkpoint
 from nmt.config import EvalConfig
 from nmt.deploy.serve import ServeConfig, create_app
-from nmt.eval.ct2_translator import CT2Translator, read_export_manifest
+from nmt.eval.ct2_model import CT2Model, read_export_manifest
 from nmt.eval.translate import Translator
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
@@ -52,7 +52,8 @@ def language_pair(path: str) -> tuple[str, str]:
 
 def load_translator(args: argparse.Namespace, cfg: EvalConfig) -> Translator:
     if os.path.isdir(args.path):
-        return CT2Translator.from_dir(args.path, device=args.device, config=cfg, threads=args.threads)
+        exported = CT2Model.load(args.path, device=args.device, threads=args.threads)
+        return Translator(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=cfg)
     if args.threads:
         import torch
 
@@ -81,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         translator.translate(["warm up"])  # first-call allocations happen here, not in a user's request
         logger.info("model loaded from %s (%s -> %s), warm-up decode %.0f ms", args.path, source_lang, target_lang, (time.perf_counter() - started) * 1000)
-        backend = "ctranslate2" if isinstance(translator, CT2Translator) else "torch"
+        backend = "ctranslate2" if isinstance(translator.model, CT2Model) else "torch"
         app = create_app(translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend)
         server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on"))
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handlers

@@ -39,7 +39,7 @@ from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
 from nmt.config import ModelConfig, from_dict, option_name, to_dict
 from nmt.data.preprocess import _install as install_directory
 from nmt.data.spm import BOS_ID, EOS_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel
-from nmt.eval.ct2_translator import EXPORT_FORMAT, EXPORT_MANIFEST, EXPORT_VERSION, import_ctranslate2, pieces
+from nmt.eval.ct2_model import EXPORT_FORMAT, EXPORT_MANIFEST, EXPORT_VERSION, import_ctranslate2, pieces
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.score import Score, score
 from nmt.eval.search import Hypothesis, generate
 from nmt.model import TransformerModel, build_model
+
+if TYPE_CHECKING:
+    from nmt.eval.ct2_model import CT2Model
 
 logger = logging.getLogger(__name__)
 UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a batch
@@ -62,14 +65,16 @@ class Translation:
 class Translator:
     def __init__(
         self,
-        model: TransformerModel,
+        model: TransformerModel | CT2Model,
         *,
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         config: EvalConfig | None = None,
     ) -> None:
         self.model = model.eval()
-        self.device = next(model.parameters()).device
+        # A CT2Model (an nmt-export directory) runs its own search; the host device then only holds
+        # the sampling generator, which CTranslate2 does not use.
+        self.device = next(model.parameters()).device if isinstance(model, TransformerModel) else torch.device("cpu")
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.config = EvalConfig() if config is None else config
@@ -82,9 +87,10 @@ class Translator:
         ``nmt-export --format ctranslate2`` gives a Translator that decodes with CTranslate2."""
         paths = [path] if isinstance(path, str) else list(path)
         if len(paths) == 1 and os.path.isdir(paths[0]):
-            from nmt.eval.ct2_translator import CT2Translator  # lazy: ctranslate2 is an optional extra
+            from nmt.eval.ct2_model import CT2Model  # lazy: ctranslate2 is an optional extra
 
-            return CT2Translator.from_dir(paths[0], device=device, config=config)
+            exported = CT2Model.load(paths[0], device=device)
+            return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
         state = load_averaged_checkpoint(paths)
         # Incremental decoding runs on the padded layout; let the device pick its backend (a model
         # trained with --attention varlen or xformers on GPU must still decode on a CPU).
@@ -117,7 +123,7 @@ class Translator:
     def generate(self, sources: Sequence[np.ndarray], *, progress: bool = False, **options: Any) -> list[list[Hypothesis]]:
         """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order."""
         cfg = dataclasses.replace(self.config, **options)
-        max_positions = self.max_source_positions
+        max_positions = self.model.cfg.max_source_positions
         lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
         num_truncated = int((lengths > max_positions).sum())
         if num_truncated:
@@ -141,14 +147,12 @@ class Translator:
                 bar.update(len(indices))
         return results
 
-    @property
-    def max_source_positions(self) -> int:
-        return self.model.cfg.max_source_positions
-
     def generate_batch(
         self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
     ) -> list[list[Hypothesis]]:
-        """One batch: sources (EOS last) cut to ``lengths`` (EOS kept) -> n-best hypotheses each (the search backend)."""
+        """One batch: sources (EOS last) cut to ``lengths`` (EOS kept) -> n-best hypotheses each."""
+        if not isinstance(self.model, TransformerModel):
+            return self.model.generate_batch(sources, lengths, cfg)
         src_tokens, src_lengths = self._collate(sources, lengths)
         return generate(self.model, src_tokens, src_lengths, cfg, generator=generator)
 

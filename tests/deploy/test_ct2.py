@@ -18,7 +18,7 @@ from nmt.config import ModelConfig
 from nmt.data.spm import BOS_ID, EOS_ID, SentencePieceModel
 from nmt.deploy.ct2 import build_spec, export_ctranslate2
 from nmt.eval import Translator
-from nmt.eval.ct2_translator import CT2Translator, pieces
+from nmt.eval.ct2_model import CT2Model, pieces
 from nmt.model import build_model
 from nmt_cli.eval import main as eval_main
 from nmt_cli.export import main as export_main
@@ -27,7 +27,7 @@ from nmt_cli.export import main as export_main
 def test_float32_export_gives_our_translations_and_scores(tiny, exported) -> None:
     ours = Translator.from_checkpoint(tiny.checkpoint)
     theirs = Translator.from_checkpoint(exported)
-    assert isinstance(theirs, CT2Translator)
+    assert isinstance(theirs.model, CT2Model)
     for beam in (1, 5):
         expected = ours.translate_nbest(tiny.test_src, beam=beam)
         got = theirs.translate_nbest(tiny.test_src, beam=beam)

@@ -1,9 +1,10 @@
-"""A Translator whose search runs in CTranslate2, on a directory written by ``nmt-export``.
+"""A model exported by ``nmt-export`` to CTranslate2, which :class:`~nmt.eval.translate.Translator`
+uses in place of our PyTorch model: CTranslate2 then runs the whole search of each batch.
 
 The directory holds CTranslate2's files (``model.bin``, ``config.json``, the vocabularies) plus
 ours: the SentencePiece model(s) and ``nmt_export.json`` (written last, so a directory that has it
-is complete). Sentences are encoded, batched, detokenized and scored exactly as :class:`Translator`
-does; only :meth:`generate_batch` differs, and it asks CTranslate2 for fairseq's conventions:
+is complete). The Translator encodes, batches, detokenizes and scores exactly as for a checkpoint;
+:meth:`CT2Model.generate_batch` asks CTranslate2 for fairseq's conventions:
 
 - the source is pieces + EOS (``add_source_eos`` in the model's config), the decoder starts from BOS;
 - PAD and BOS are never generated, EOS not before ``--min-len`` tokens;
@@ -33,7 +34,6 @@ import torch
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.eval.search import Hypothesis, max_target_lengths
-from nmt.eval.translate import Translator
 
 EXPORT_MANIFEST = "nmt_export.json"
 EXPORT_FORMAT = "nmt-ctranslate2"
@@ -80,42 +80,30 @@ def _device_and_index(device: str | torch.device) -> tuple[str, int]:
     return device.type, device.index or 0
 
 
-class CT2Translator(Translator):
-    """:class:`Translator` over a CTranslate2 model; everything but the search is inherited."""
+class CT2Model:
+    """What the Translator needs of a model (``cfg``, ``eval()``), plus the search of a whole batch."""
 
     def __init__(
         self,
-        model: Any,
+        translator: Any,
         *,
-        model_config: ModelConfig,
+        cfg: ModelConfig,
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
-        config: EvalConfig | None = None,
         name: str = "<ctranslate2 model>",
     ) -> None:
-        # Translator.__init__ expects a torch module; this one holds a ctranslate2.Translator instead.
-        self.model = model
-        self.model_config = model_config
-        self.name = name
-        self.device = torch.device("cpu")  # where the inherited generate() makes its (unused) sampling generator
+        self.translator = translator  # a ctranslate2.Translator
+        self.cfg = cfg
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
-        self.config = EvalConfig() if config is None else config
+        self.name = name
         self._src_pieces = pieces(src_spm)
         tgt_pieces = pieces(tgt_spm)
         self._tgt_ids = {piece: index for index, piece in enumerate(tgt_pieces)}
         self._banned = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]  # one-token sequences: always suppressed
 
     @classmethod
-    def from_dir(
-        cls,
-        directory: str,
-        *,
-        device: str | torch.device = "cpu",
-        config: EvalConfig | None = None,
-        compute_type: str = "default",
-        threads: int = 0,
-    ) -> CT2Translator:
+    def load(cls, directory: str, *, device: str | torch.device = "cpu", compute_type: str = "default", threads: int = 0) -> CT2Model:
         """Load an exported directory; ``compute_type`` "default" runs the type it was exported with."""
         manifest = read_export_manifest(directory)
         ctranslate2 = import_ctranslate2(f"{directory} (a CTranslate2 export)")
@@ -123,27 +111,22 @@ class CT2Translator(Translator):
         tgt_spm = SentencePieceModel.load(os.path.join(directory, manifest["tgt_spm"]))
         device_type, device_index = _device_and_index(device)
         try:
-            model = ctranslate2.Translator(
+            translator = ctranslate2.Translator(
                 directory, device=device_type, device_index=device_index, compute_type=compute_type, intra_threads=threads
             )
         except (RuntimeError, ValueError) as error:
             raise ValueError(f"{directory}: CTranslate2 cannot load this model ({str(error).strip().splitlines()[0]})") from None
-        model_config = from_dict(ModelConfig, manifest["model_config"])
-        return cls(model, model_config=model_config, src_spm=src_spm, tgt_spm=tgt_spm, config=config, name=directory)
+        cfg = from_dict(ModelConfig, manifest["model_config"])
+        return cls(translator, cfg=cfg, src_spm=src_spm, tgt_spm=tgt_spm, name=directory)
 
-    @property
-    def max_source_positions(self) -> int:
-        return self.model_config.max_source_positions
+    def eval(self) -> CT2Model:
+        return self  # inference only, like a torch module in eval mode
 
-    def generate_batch(
-        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
-    ) -> list[list[Hypothesis]]:
-        """One batch through CTranslate2; sentences that ran past their own length limit go again under it.
-
-        ``generator`` is not used: CTranslate2 samples with its own generator (see the module docstring).
-        """
+    def generate_batch(self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
+        """Sources (EOS last) cut to ``lengths`` -> n-best hypotheses each; sentences that ran past their
+        own length limit go again under it."""
         tokens = [[self._src_pieces[i] for i in source[: length - 1]] for source, length in zip(sources, lengths)]
-        max_len = max_target_lengths(lengths, cfg, max_positions=self.model_config.max_target_positions)
+        max_len = max_target_lengths(lengths, cfg, max_positions=self.cfg.max_target_positions)
         # CTranslate2's limit counts EOS; ours counts the tokens before the EOS that ends them.
         results = self._search(tokens, cfg, max_decoding_length=int(max_len.max()) + 1)
         # A hypothesis of n tokens ended at step n (EOS) or was cut there: still running at step max_len.
@@ -170,7 +153,7 @@ class CT2Translator(Translator):
 
             ctranslate2.set_random_seed(cfg.seed)
         try:
-            outputs = self.model.translate_batch(
+            outputs = self.translator.translate_batch(
                 tokens,
                 beam_size=1 if cfg.sampling else cfg.beam,
                 # All beams (or samples): the caller keeps nbest, and needs them all to see overruns.
