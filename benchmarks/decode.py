@@ -49,8 +49,10 @@ def run(translator: Translator, sources: list, references: list[str], *, beam: i
 
 
 def weights_mib(path: str) -> float:
-    """Bytes of the model's own tensors in a checkpoint (a training checkpoint also holds the optimizer)."""
-    return sum(t.numel() * t.element_size() for t in load_checkpoint(path)["model"].values()) / 2**20
+    """Bytes of the model's own tensors in a checkpoint (a training checkpoint also holds the optimizer);
+    shared embeddings are one tensor under several names, counted once."""
+    tensors = {t.data_ptr(): t for t in load_checkpoint(path)["model"].values()}
+    return sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20
 
 
 def disk_mib(path: str) -> float:
@@ -59,13 +61,15 @@ def disk_mib(path: str) -> float:
     return os.path.getsize(path) / 2**20
 
 
-def run_process(path: str, data: str, split: str, output: str, *, beam: int, batch_size: int) -> dict[str, float]:
+def run_process(path: str, data: str, split: str, output: str, *, beam: int, batch_size: int, threads: int | None) -> dict[str, float]:
     """One ``nmt-eval`` process: wall time, peak resident memory (of that child alone), its figures, BLEU."""
     command = [sys.executable, "-m", "nmt_cli.eval", data, "--path", path, "--split", split, "--beam", str(beam),
                "--batch-size", str(batch_size), "--output", output]
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True)
+        # OMP_NUM_THREADS sets torch's intra-op threads and CTranslate2's (it reads it when not told).
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env)
         _, status, usage = os.wait4(process.pid, 0)  # reaped here: wait4 gives this child's own peak RSS
         wall = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)
@@ -94,13 +98,14 @@ def compare_backends(args: argparse.Namespace) -> None:
         if not os.path.exists(os.path.join(directory, "nmt_export.json")):
             export_ctranslate2([args.path], directory, quantization=quantization, force=True)
     backends = (("torch", args.path), ("ct2 float32", args.ct2_dir), ("ct2 int8", args.int8_dir))
-    print(f"\nbackends: nmt-eval {args.data} --split {args.split} --beam 5 --batch-size {args.batch_size}, one process each")
+    threads = f"OMP_NUM_THREADS={args.process_threads}" if args.process_threads else "default threads"
+    print(f"\nbackends: nmt-eval {args.data} --split {args.split} --beam 5 --batch-size {args.batch_size}, one process each, {threads}")
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     results, hypotheses = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         for name, path in backends:
             output = os.path.join(scratch, name.replace(" ", "-") + ".hyp")
-            results[name] = run_process(path, args.data, args.split, output, beam=5, batch_size=args.batch_size)
+            results[name] = run_process(path, args.data, args.split, output, beam=5, batch_size=args.batch_size, threads=args.process_threads)
             with open(output, encoding="utf-8") as handle:
                 hypotheses[name] = handle.read().split("\n")[:-1]
     reference = results["torch"]
@@ -174,6 +179,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads in this process (default: torch's, one per core)")
     parser.add_argument("--ct2-dir", default="runs/ct2", help="float32 export of --path (made when missing)")
     parser.add_argument("--int8-dir", default="runs/ct2-int8", help="int8 export of --path (made when missing)")
+    parser.add_argument("--process-threads", type=int, help="compute threads of each nmt-eval process (default: each backend's own)")
     parser.add_argument("--skip-in-process", action="store_true", help="only the backends table")
     parser.add_argument("--skip-backends", action="store_true", help="only the in-process search table")
     args = parser.parse_args()
