@@ -40,6 +40,7 @@ from nmt.config import ModelConfig, from_dict, option_name, to_dict
 from nmt.data.preprocess import _install as install_directory
 from nmt.data.spm import BOS_ID, EOS_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel
 from nmt.eval.ct2_model import EXPORT_FORMAT, EXPORT_MANIFEST, EXPORT_VERSION, import_ctranslate2, pieces
+from nmt.fileio import atomic_write
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger(__name__)
@@ -238,11 +239,9 @@ def export_ctranslate2(
             "checkpoints": [os.path.abspath(path) for path in checkpoints],
         }
         # The manifest goes last: a directory with one is complete.
-        with open(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
+        with atomic_write(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=2)
             handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
         install_directory(workdir, output_dir)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
