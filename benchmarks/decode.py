@@ -7,8 +7,10 @@ then PyTorch vs CTranslate2 float32 vs CTranslate2 int8, each as a whole nmt-eva
 The first table prints sentences/s and target tokens/s (EOS counted, as fairseq-generate counts) with
 BLEU for each setting, side by side with ratios, and against the fairseq-generate reference measured
 on this 2-core machine; decoding only is timed (the model is loaded and the sources read beforehand).
+Then the cost of nmt-eval's fairseq-style extras (--format fairseq, --print-alignment, an ensemble of
+2) over the plain beam-5 decode.
 
-The second runs ``nmt-eval DATA --path P --split test --beam 5`` once per backend, in a fresh process
+The last runs ``nmt-eval DATA --path P --split test --beam 5`` once per backend, in a fresh process
 each (the exports are made first when their directories do not exist): model size on disk, the whole
 process's wall time and peak resident memory, the decode's sentences/s and tokens/s (as nmt-eval
 reports them), BLEU, and how many hypotheses are identical to PyTorch's; ratios against PyTorch.
@@ -164,6 +166,7 @@ def compare_search(args: argparse.Namespace) -> None:
         f"{FAIRSEQ_BEAM5_TOKENS_PER_S:.0f} tokens/s -> ours {beam5['sentences/s'] / FAIRSEQ_BEAM5_SENTENCES_PER_S:.2f}x "
         f"sentences/s, {beam5['tokens/s'] / FAIRSEQ_BEAM5_TOKENS_PER_S:.2f}x tokens/s (target: 2x)"
     )
+    print_extras(args, translator, sources, beam5)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
@@ -189,6 +192,32 @@ def main() -> None:
         compare_search(args)
     if not args.skip_backends:
         compare_backends(args)
+
+
+def print_extras(args: argparse.Namespace, translator: Translator, sources: list, plain: dict[str, float]) -> None:
+    """What nmt-eval's fairseq-style options cost over a plain beam-5 decode, in the same run:
+    --format fairseq (per-token scores by forced decoding), --print-alignment, a 2-model ensemble
+    (the checkpoint twice: the cost of a second model, whatever its weights)."""
+    ensemble = Translator.from_checkpoint([args.path, args.path])
+
+    def fairseq_lines(alignment: bool) -> None:
+        nbest = translator.detokenize(translator.generate(sources, beam=5, batch_size=args.batch_size))
+        translator.add_token_scores(sources, nbest, alignment=alignment)
+
+    cases = {
+        "--format fairseq": lambda: fairseq_lines(False),
+        "+ --print-alignment": lambda: fairseq_lines(True),
+        "ensemble of 2": lambda: ensemble.generate(sources, beam=5, batch_size=args.batch_size),
+    }
+    print(f"\nbeam 5, batch {args.batch_size}: plain {plain['seconds']:.2f} s")
+    for name, work in cases.items():
+        elapsed = float("inf")
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            work()
+            elapsed = min(elapsed, time.perf_counter() - started)
+        print(f"{name:>20}  {elapsed:>8.2f} s  {elapsed / plain['seconds']:>5.2f}x the plain decode")
+
 
 if __name__ == "__main__":
     main()

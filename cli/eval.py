@@ -1,79 +1,125 @@
-"""nmt-eval: translate a split of a preprocessed dataset, a file or stdin with a checkpoint; score with sacreBLEU."""
+"""nmt-eval: translate a split of a preprocessed dataset, a file or stdin with checkpoint(s); score with sacreBLEU."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TextIO
 
-from nmt.config import EvalConfig
+import numpy as np
+
+from nmt.checkpoint_io import last_checkpoints
+from nmt.config import EvalConfig, EvalIOConfig
+from nmt.eval.output import FairseqLines, base2, plain_lines
+from nmt.eval.translate import (
+    Translation,
+    Translator,
+    count_lines,
+    decode_dtype,
+    iter_line_chunks,
+    load_split,
+    read_references,
+    resolve_device,
+)
 from nmt.fileio import atomic_write
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
-from nmt.checkpoint_io import last_checkpoints
-from nmt.eval.translate import Translation, Translator, iter_line_chunks, load_split, read_references
+
+DEFAULT_BUFFER_SIZE = 4096
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="nmt-eval",
         description=(
-            "Translate with a checkpoint and score with sacreBLEU. Either DATA_DIR --split (binarized data, "
-            "scored against the raw reference text it was made from) or raw text from --input / stdin "
-            "(scored when --reference is given). Hypotheses go to --output, else stdout; scores go to "
-            "stdout, or to stderr when the hypotheses are on stdout."
+            "Translate with a checkpoint (or an ensemble) and score with sacreBLEU. Either DATA_DIR --split "
+            "(binarized data, scored against the raw reference text it was made from) or raw text from "
+            "--input / stdin (scored when --reference is given). The output goes to --output, else stdout; "
+            "scores go to stdout, or to stderr when plain translations are on stdout (--format fairseq "
+            "ends its output with them, as fairseq-generate does)."
         ),
     )
-    parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="a directory written by nmt-preprocess")
-    parser.add_argument("--path", required=True, help="checkpoint file; a,b,c averages their weights; a save dir with --average-last")
-    parser.add_argument("--average-last", type=int, metavar="N", help="average the N newest numbered checkpoints in the save dir --path")
-    parser.add_argument("--split", default="test", help="split of DATA_DIR to translate")
-    parser.add_argument("--input", help="raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)")
-    parser.add_argument("--reference", help="raw reference text to score against (overrides the split's own)")
-    parser.add_argument("--output", help="write hypotheses here (in input order; --nbest N: N lines per input line)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--score-tokenized-lowercase", action="store_true", help="also report BLEU on lowercased, tokenized text (as many Multi30k papers do)")
+    add_config_arguments(parser.add_argument_group("input, output, device"), EvalIOConfig)
     add_config_arguments(parser.add_argument_group("search"), EvalConfig)
     return parser
 
 
-def _checkpoint_paths(args: argparse.Namespace) -> list[str]:
-    if args.average_last is None:
-        return [path for path in args.path.split(",") if path]
-    if args.average_last < 1:
-        raise ValueError(f"--average-last: must be >= 1, got {args.average_last}")
-    return last_checkpoints(args.path, args.average_last)
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    return run_main("nmt-eval", lambda: _evaluate(config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)))
 
 
-def _translations(translator: Translator, args: argparse.Namespace, cfg: EvalConfig) -> tuple[Iterator[list[list[Translation]]], list[str] | None]:
-    """Chunks of n-best translations (lazily: raw text streams through) and the references, if any."""
-    if args.data_dir is not None:
-        split = load_split(args.data_dir, args.split, src_spm=translator.src_spm)
-        reference_path = args.reference or split.reference_path
+def checkpoint_paths(io: EvalIOConfig) -> list[str]:
+    """The checkpoints --path names (``:`` separates them; --average-last: the newest of a save dir)."""
+    if io.average_last is not None:
+        return last_checkpoints(io.path, io.average_last)
+    paths = io.checkpoint_paths
+    for path in paths:
+        parts = path.split(",")
+        if not os.path.exists(path) and len(parts) > 1 and all(os.path.isfile(part) for part in parts):
+            raise ValueError(
+                f"--path {path}: no such file; a comma does not separate checkpoints: "
+                f"{':'.join(parts)} ensembles them, --average --path {':'.join(parts)} averages their weights"
+            )
+    return paths
+
+
+def load_translator(io: EvalIOConfig, cfg: EvalConfig) -> Translator:
+    """The one place nmt-eval turns --path into a Translator (an ensemble, or averaged weights)."""
+    device = resolve_device(io.device)
+    logging.getLogger("nmt.eval").info("decoding on %s", device)
+    dtype = decode_dtype(device, fp16=io.fp16, bf16=io.bf16)
+    average = io.average or io.average_last is not None
+    return Translator.from_checkpoint(checkpoint_paths(io), device=device, config=cfg, average=average, dtype=dtype)
+
+
+@dataclass
+class Chunk:
+    start: int  # index of the first sentence in the whole input
+    sources: list[np.ndarray]  # token ids, EOS included
+
+
+@dataclass
+class Job:
+    chunks: Iterator[Chunk]
+    references: list[str] | None
+    reference_name: str | None
+    name: str  # the split, or the input file ("stdin")
+    interactive: bool  # print each chunk as soon as it is translated; no progress bars
+
+
+def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
+    if io.data_dir is not None:
+        split = load_split(io.data_dir, io.split, src_spm=translator.src_spm)
+        reference_path = io.reference or split.reference_path
         if reference_path is None:
-            raise ValueError(f"{args.data_dir}: the manifest names no raw text for split {args.split!r}; pass --reference")
-        references = read_references(reference_path, line_numbers=split.line_numbers)
+            raise ValueError(f"{io.data_dir}: the manifest names no raw text for split {io.split!r}; pass --reference")
+        references = read_references(reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers)
+        return Job(iter([Chunk(0, split.sources)]), references, reference_path, io.split, interactive=False)
 
-        def decode_split() -> Iterator[list[list[Translation]]]:
-            yield translator.detokenize(translator.generate(split.sources, progress=True))
+    from_stdin = io.input in (None, "-")
+    references = None
+    if io.reference is not None:
+        num_lines = None if from_stdin else count_lines(io.input)  # stdin is counted as it streams
+        references = read_references(io.reference, num_lines=num_lines)
+    buffer_size = cfg.buffer_size or (1 if from_stdin and sys.stdin.isatty() else DEFAULT_BUFFER_SIZE)
 
-        return decode_split(), references
-
-    references = None if args.reference is None else read_references(args.reference)
-
-    def stream() -> Iterator[list[list[Translation]]]:
+    def chunks() -> Iterator[Chunk]:
         with contextlib.ExitStack() as stack:
-            if args.input in (None, "-"):
-                handle, name = sys.stdin.buffer, "<stdin>"
-            else:
-                handle, name = stack.enter_context(open(args.input, "rb")), args.input
-            for chunk in iter_line_chunks(handle, size=cfg.buffer_size, name=name):
-                yield translator.translate_nbest(chunk, progress=True)
+            handle, name = (sys.stdin.buffer, "<stdin>") if from_stdin else (stack.enter_context(open(io.input, "rb")), io.input)
+            start = 0
+            for lines in iter_line_chunks(handle, size=buffer_size, name=name):
+                if references is not None and start + len(lines) > len(references):
+                    raise ValueError(f"{io.reference}: the reference has {len(references)} lines but {name} has more")
+                yield Chunk(start, translator.encode(lines))
+                start += len(lines)
 
-    return stream(), references
+    return Job(chunks(), references, io.reference, "stdin" if from_stdin else io.input, interactive=buffer_size == 1)
 
 
 @contextlib.contextmanager
@@ -82,43 +128,79 @@ def _open_output(path: str | None) -> Iterator[TextIO]:
     if path is None:
         yield sys.stdout
         return
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     with atomic_write(path, "w", encoding="utf-8", newline="\n") as handle:
         yield handle
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
-    return run_main("nmt-eval", lambda: _evaluate(args))
+def _decode(
+    translator: Translator, io: EvalIOConfig, chunk: Chunk, references: list[str] | None, *, progress: bool
+) -> list[list[Translation]]:
+    """The chunk's n-best translations (with per-token scores for --format fairseq), or with
+    --score-reference its references scored by forced decoding."""
+    if io.score_reference:
+        assert references is not None
+        return [[t] for t in translator.score_references(chunk.sources, references, alignment=io.print_alignment)]
+    results = translator.detokenize(translator.generate(chunk.sources, progress=progress))
+    if io.format == "fairseq":
+        translator.add_token_scores(chunk.sources, results, alignment=io.print_alignment)
+    return results
 
 
-def _evaluate(args: argparse.Namespace) -> int:
-    if args.data_dir is not None and args.input is not None:
-        raise ValueError("--input: give DATA_DIR (with --split) or --input, not both")
-    cfg = config_from_args(EvalConfig, args)
-    translator = Translator.from_checkpoint(_checkpoint_paths(args), device=args.device, config=cfg)
-    chunks, references = _translations(translator, args, cfg)
+def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
+    translator = load_translator(io, cfg)
+    job = _open_job(io, cfg, translator)
+    fairseq_lines = FairseqLines(translator.src_spm, translator.tgt_spm, post_process=io.post_process is not None) if io.format == "fairseq" else None
+    if fairseq_lines is not None:
+        logging.getLogger("nmt.eval").info("hypothesis and token scores are output in base 2")
     best: list[str] = []
-    num_sentences = num_tokens = 0
+    num_sentences = num_tokens = num_scored_tokens = 0
+    log_prob_sum = 0.0  # --score-reference: natural log, over all scored reference tokens
     started = time.perf_counter()
-    with _open_output(args.output) as out:
-        for chunk in chunks:
-            for nbest in chunk:
-                out.writelines(translation.text + "\n" for translation in nbest)
-                num_sentences += 1
+    with _open_output(io.output_path) as out:
+        for chunk in job.chunks:
+            references = None if job.references is None else job.references[chunk.start : chunk.start + len(chunk.sources)]
+            results = _decode(translator, io, chunk, references, progress=not job.interactive)
+            for offset, nbest in enumerate(results):
+                if not io.quiet:
+                    if fairseq_lines is not None:
+                        reference = None if references is None else references[offset]
+                        out.writelines(fairseq_lines(chunk.start + offset, chunk.sources[offset], reference, nbest))
+                    else:
+                        out.writelines(plain_lines(nbest, score_reference=io.score_reference))
                 num_tokens += len(nbest[0].tokens) + 1  # EOS counted, as fairseq-generate does
-                if references is not None:  # only kept when scoring: plain translation streams
+                if io.score_reference:
+                    log_prob_sum += sum(nbest[0].positional_scores or [])
+                    num_scored_tokens += len(nbest[0].positional_scores or [])
+                elif job.references is not None:  # only kept when scoring: plain translation streams
                     best.append(nbest[0].text)
-    elapsed = time.perf_counter() - started
-    scores = [] if references is None else translator.score(best, references, tokenized_lowercase=args.score_tokenized_lowercase)
-    report = sys.stderr if args.output is None else sys.stdout
-    print(
-        f"translated {num_sentences} sentences ({num_tokens} tokens) in {elapsed:.1f}s: "
-        f"{num_sentences / max(elapsed, 1e-9):.1f} sentences/s, {num_tokens / max(elapsed, 1e-9):.1f} tokens/s",
-        file=sys.stderr,
-    )
-    for result in scores:
-        print(result, file=report)
+            num_sentences += len(results)
+            out.flush()  # interactive: this chunk's output now, before the next line is read
+        elapsed = time.perf_counter() - started
+        if job.references is not None and num_sentences != len(job.references):
+            raise ValueError(f"{job.reference_name}: the reference has {len(job.references)} lines but the input has {num_sentences}")
+        verb = "scored" if io.score_reference else "translated"
+        print(
+            f"{verb} {num_sentences} sentences ({num_tokens} tokens) in {elapsed:.1f}s: "
+            f"{num_sentences / max(elapsed, 1e-9):.1f} sentences/s, {num_tokens / max(elapsed, 1e-9):.1f} tokens/s",
+            file=sys.stderr,
+        )
+        if io.score_reference:
+            per_token = base2(log_prob_sum) / max(num_scored_tokens, 1)
+            results_text = [f"reference log-probability per token {per_token:.4f} (base 2), perplexity {2 ** -per_token:.2f}"]
+        elif job.references is not None:
+            scores = translator.score(best, job.references, tokenized_lowercase=io.score_tokenized_lowercase)
+            prefix = f"Generate {job.name} with beam={cfg.beam}: " if fairseq_lines is not None else ""
+            results_text = [prefix + str(result) for result in scores]
+        else:
+            results_text = []
+        if fairseq_lines is not None:
+            out.writelines(line + "\n" for line in results_text)  # fairseq-generate ends its output with them
+    if fairseq_lines is None or io.output_path is not None:  # else they are on stdout already
+        report = sys.stdout if io.output_path is not None or io.quiet else sys.stderr
+        for line in results_text:
+            print(line, file=report)
     return 0
 
 

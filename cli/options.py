@@ -4,8 +4,9 @@ once, on its config field (``nmt.config.opt``), and the parser is built from it.
 A field ``max_tokens`` of a section stored under ``data.batching`` becomes ``--max-tokens`` with
 ``dest="data.batching.max_tokens"``; ``config_from_args`` rebuilds the nested dataclasses from the
 namespace. Types map to argparse as: bool -> a flag (``store_true``); ``tuple[float, float]`` -> two
-values; ``tuple[X, ...]`` -> one comma-separated value; ``list[str]`` -> comma-separated and
-repeatable; ``X | None`` -> X with default None.
+values (or fairseq's ``'(0.9, 0.98)'``); ``tuple[X, ...]`` -> one comma-separated value; ``list[str]``
+-> comma-separated and repeatable; ``X | None`` -> X with default None; a positional field with a
+default is optional.
 """
 
 from __future__ import annotations
@@ -37,12 +38,39 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse without abbreviations: fairseq's ``--save-interval`` must never be taken for
-    ``--save-interval-updates``, nor any prefix for a longer flag."""
+    ``--save-interval-updates``, nor any prefix for a longer flag. Options of n numbers also take
+    them as fairseq writes them, in one word: ``--adam-betas '(0.9, 0.98)'``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        import sys
+
+        words = list(sys.argv[1:] if args is None else args)
+        sizes = {
+            option: action.nargs
+            for action in self._actions
+            if isinstance(action.nargs, int) and action.nargs > 1
+            for option in action.option_strings
+        }
+        spread: list[str] = []
+        for word in words:
+            option, equals, value = word.partition("=")
+            if equals and option in sizes:
+                spread += [option, value]
+            else:
+                spread.append(word)
+        words = []
+        for position, word in enumerate(spread):
+            previous = spread[position - 1] if position else None
+            if previous in sizes and ("," in word or word.startswith("(")):
+                words += word.strip().strip("()[]").replace(",", " ").split()
+            else:
+                words.append(word)
+        return super().parse_known_args(words, namespace)
 
 
 def _unwrap_optional(kind: Any) -> tuple[Any, bool]:
@@ -101,10 +129,14 @@ def add_config_arguments(
             kwargs["type"] = kind
             if meta.get("choices"):
                 kwargs.update(choices=meta["choices"], metavar="{" + ",".join(map(str, meta["choices"])) + "}")
+            if meta.get("const") is not None:
+                kwargs.update(nargs="?", const=meta["const"])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
         if meta.get("positional"):
+            if not required:
+                kwargs.update(nargs="?", default=f.default)
             parser.add_argument(dest_prefix + f.name, **kwargs)
             continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
         if only_when_given:
             kwargs["default"] = argparse.SUPPRESS
         elif origin is list:

@@ -67,7 +67,9 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
     return train_cfg, model_cfg
 
 
-def make_bleu_validator(data_dir: str, split: str, *, beam: int) -> Callable[[torch.nn.Module, torch.device], float]:
+def make_bleu_validator(
+    data_dir: str, split: str, *, search: dict[str, object], print_samples: bool = False
+) -> Callable[[torch.nn.Module, torch.device], float]:
     """--eval-bleu: decode the validation split (batched, greedy or small beam) and score it with sacreBLEU.
 
     Built here because nmt.train must not import nmt.eval; the trainer only sees the callback.
@@ -85,8 +87,11 @@ def make_bleu_validator(data_dir: str, split: str, *, beam: int) -> Callable[[to
     references = read_references(split_data.reference_path, line_numbers=split_data.line_numbers)
 
     def validate(model: torch.nn.Module, device: torch.device) -> float:
-        translator = Translator(model, src_spm=src_spm, tgt_spm=tgt_spm, config=EvalConfig(beam=beam))
+        translator = Translator(model, src_spm=src_spm, tgt_spm=tgt_spm, config=EvalConfig(**search))
         hypotheses = [nbest[0].text for nbest in translator.detokenize(translator.generate(split_data.sources))]
+        if print_samples:
+            for hypothesis, reference in list(zip(hypotheses, references))[:3]:
+                logging.getLogger("nmt.train").info("example hypothesis: %s\nexample reference: %s", hypothesis, reference)
         return translator.score(hypotheses, references)[0].score
 
     return validate
@@ -111,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         bleu_validator = None
         if train_cfg.checkpoint.eval_bleu:
             bleu_validator = make_bleu_validator(
-                train_cfg.data.data_dir, train_cfg.data.valid_subset, beam=train_cfg.checkpoint.eval_bleu_beam
+                train_cfg.data.data_dir, train_cfg.data.valid_subset, search=train_cfg.checkpoint.search_options(),
+                print_samples=train_cfg.checkpoint.eval_bleu_print_samples,
             )
         with session(train_cfg.run.device) as this_process:
             scorer = None

@@ -64,10 +64,36 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.numpy().tobytes()
 
 
+class _RecordingWriter:
+    """A file that remembers the OSError its ``write`` raised: ``torch.save`` turns it into a
+    RuntimeError without the cause ("enforce fail at inline_container.cc ... unexpected pos")."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 def atomic_torch_save(obj: dict[str, Any], path: str) -> None:
-    """``torch.save`` through ``atomic_write``: a kill or a full disk never leaves a broken ``path``."""
+    """``torch.save`` through ``atomic_write``: a kill or a full disk never leaves a broken ``path``,
+    and a failed write is reported as the OSError it was (ENOSPC: "disk full" and the path)."""
     with atomic_write(path) as handle:
-        torch.save(obj, handle)
+        writer = _RecordingWriter(handle)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
@@ -86,10 +112,13 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
-def _require_keys(state: dict[str, Any], path: str) -> None:
+def load_model_checkpoint(path: str) -> dict[str, Any]:
+    """``load_checkpoint``, checked to hold what decoding needs: the weights, the model config, the vocabulary."""
+    state = load_checkpoint(path)
     for key in ("model", "model_config", "vocab"):
         if key not in state:
             raise ValueError(f"{path}: checkpoint has no {key!r} entry")
+    return state
 
 
 def same_vocab(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -106,15 +135,13 @@ def load_averaged_checkpoint(paths: Sequence[str]) -> dict[str, Any]:
     """
     if not paths:
         raise ValueError("--path: no checkpoint given")
-    first = load_checkpoint(paths[0])
-    _require_keys(first, paths[0])
+    first = load_model_checkpoint(paths[0])
     if len(paths) == 1:
         return first
     weights = first["model"]
     sums = {name: tensor.double() if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
     for path in paths[1:]:
-        state = load_checkpoint(path)
-        _require_keys(state, path)
+        state = load_model_checkpoint(path)
         if state["model_config"] != first["model_config"]:
             raise ValueError(f"{path}: model config differs from {paths[0]}'s; only checkpoints of one model can be averaged")
         if not same_vocab(state["vocab"], first["vocab"]):

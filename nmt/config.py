@@ -11,6 +11,8 @@ because that is what the user typed and what they have to change.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,16 +30,18 @@ def opt(
     cli: bool = True,
     positional: bool = False,
     required: bool = False,
+    const: Any = None,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A config field with what its command-line option needs (help, choices, fairseq aliases).
 
     ``cli=False``: set by the program (e.g. vocabulary sizes from the manifest), never a flag.
-    ``required``: a list option that must be given at least once.
+    ``required``: a list option that must be given at least once. ``const``: the value of the
+    option given without one (fairseq's ``--eval-bleu-remove-bpe`` alone means ``@@ ``).
     """
     metadata = {
         "help": help, "choices": choices, "aliases": aliases, "metavar": metavar, "cli": cli,
-        "positional": positional, "required": required,
+        "positional": positional, "required": required, "const": const,
     }
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
@@ -262,6 +266,9 @@ class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
 
     data_dir: str = opt(help="directory written by nmt-preprocess", positional=True)
+    task: str = opt("translation", "fairseq's task name: translation is the only one", choices=("translation",))
+    source_lang: str | None = opt(None, "checked against the dataset's source language", aliases=("-s",))
+    target_lang: str | None = opt(None, "checked against the dataset's target language", aliases=("-t",))
     train_subsets: tuple[str, ...] = opt(
         ("train",), "training split(s), comma-separated: several are blended by weight", aliases=("--train-subset",)
     )
@@ -322,11 +329,15 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    optimizer: str = opt("adam", "Adam (fairseq's name; the only optimizer)", choices=("adam",))
+    criterion: str = opt(
+        "label_smoothed_cross_entropy", "fairseq's criterion name (the only loss; --label-smoothing 0 for plain cross-entropy)",
+        choices=("label_smoothed_cross_entropy",),
+    )
+    optimizer: str = opt("adam", "Adam with decoupled weight decay (AdamW, as fairseq's adam)", choices=("adam",))
     lr: float = opt(1e-3, "peak learning rate")
     adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2")
     adam_eps: float = opt(1e-8)
-    weight_decay: float = opt(0.0)
+    weight_decay: float = opt(0.0, "decoupled weight decay (AdamW), as fairseq's --weight-decay")
     clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     label_smoothing: float = opt(0.1)
     lr_scheduler: str = opt("inverse_sqrt", choices=("inverse_sqrt", "fixed", "cosine"))
@@ -358,23 +369,75 @@ class CheckpointConfig:
     """Where and when to save, when to validate, which checkpoint is the best."""
 
     save_dir: str = opt("checkpoints", "directory of the checkpoints (a run resumes from its checkpoint_last.pt)")
+    restore_file: str | None = opt(
+        None, "start a new run (no checkpoint_last.pt in --save-dir yet) from this checkpoint; once the run has "
+        "its own checkpoint_last.pt, it resumes from that"
+    )
+    reset_dataloader: bool = opt(False, "on resume, start the data over (epoch 1) and accept other data or batching options")
+    reset_optimizer: bool = opt(False, "on resume, start a fresh optimizer and accept other optimizer options")
+    reset_lr_scheduler: bool = opt(False, "on resume, start the learning-rate schedule with the new options at the current update")
+    reset_meters: bool = opt(False, "on resume, forget the best validation score and the patience count")
+    save_interval: int = opt(1, "save a numbered checkpoint every N epochs")
     save_interval_updates: int = opt(0, "also save a numbered checkpoint every N updates (0: off)")
     no_epoch_checkpoints: bool = opt(False, "no numbered checkpoint at the end of each epoch")
-    keep_last: int = opt(-1, "numbered checkpoints to keep (-1: all)")
+    keep_last: int = opt(-1, "numbered checkpoints to keep, of either kind (-1: all)")
+    keep_last_epochs: int = opt(-1, "epoch checkpoints (checkpointN.pt) to keep (-1: all)")
+    keep_interval_updates: int = opt(-1, "update checkpoints (checkpoint_E_U.pt) to keep (-1: all)")
+    validate_interval: int = opt(1, "validate every N epochs")
     validate_interval_updates: int = opt(0, "also validate every N updates (0: at epoch ends only)")
     eval_bleu: bool = opt(False, "decode the validation set and report sacreBLEU")
     eval_bleu_beam: int = opt(1, "beam size of --eval-bleu")
-    best_checkpoint_metric: str = opt("loss", "what checkpoint_best.pt is best at", choices=("loss", "bleu"))
+    eval_bleu_args: str | None = opt(
+        None, "fairseq's JSON of search options for --eval-bleu, e.g. '{\"beam\": 5, \"lenpen\": 1.0}' (beam overrides --eval-bleu-beam)"
+    )
+    eval_bleu_detok: str | None = opt(
+        None, "fairseq's detokenizer choice: accepted; hypotheses are always SentencePiece-detokenized raw text",
+        choices=("space", "moses"),
+    )
+    eval_bleu_remove_bpe: str | None = opt(
+        None, "fairseq's BPE removal: accepted; SentencePiece pieces are always joined", const="@@ ",
+    )
+    eval_bleu_print_samples: bool = opt(False, "log a few validation hypotheses with their references")
+    best_checkpoint_metric: str = opt("loss", "what checkpoint_best.pt is best at (loss: lowest; bleu: highest)", choices=("loss", "bleu"))
+    maximize_best_checkpoint_metric: bool = opt(False, "fairseq's flag for bleu: accepted (bleu is maximized, loss minimized)")
     patience: int = opt(-1, "stop after this many validations without improvement (-1: never)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(bool(self.save_dir), "save_dir", "must not be empty")
+        for name in ("save_interval", "validate_interval"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1 (epochs)")
         for name in ("save_interval_updates", "validate_interval_updates"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")
-        _require(self.keep_last == -1 or self.keep_last >= 1, "keep_last", "must be -1 (keep all) or >= 1")
+        for name in ("keep_last", "keep_last_epochs", "keep_interval_updates"):
+            _require(getattr(self, name) == -1 or getattr(self, name) >= 1, name, "must be -1 (keep all) or >= 1")
+        _require(
+            not self.maximize_best_checkpoint_metric or self.best_checkpoint_metric == "bleu",
+            "maximize_best_checkpoint_metric",
+            "the loss is minimized; use --best-checkpoint-metric bleu",
+        )
         _require(self.eval_bleu_beam >= 1, "eval_bleu_beam", "must be >= 1")
+        self.search_options()  # checks --eval-bleu-args once
         _require(self.best_checkpoint_metric != "bleu" or self.eval_bleu, "best_checkpoint_metric", "bleu needs --eval-bleu")
+
+
+    def search_options(self) -> dict[str, Any]:
+        """The EvalConfig fields --eval-bleu decodes with."""
+        import json
+
+        options: dict[str, Any] = {"beam": self.eval_bleu_beam}
+        if self.eval_bleu_args:
+            try:
+                given = json.loads(self.eval_bleu_args)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"--eval-bleu-args: not JSON ({error.msg}): {self.eval_bleu_args!r}") from None
+            known = {f.name for f in dataclasses.fields(EvalConfig)}
+            if not isinstance(given, dict) or not set(given) <= known:
+                unknown = sorted(set(given) - known) if isinstance(given, dict) else given
+                raise ValueError(f"--eval-bleu-args: unknown search options {unknown} (known: {', '.join(sorted(known))})")
+            options.update(given)
+        EvalConfig(**options)  # its own checks, naming the option
+        return options
 
 
 @dataclass
@@ -382,7 +445,9 @@ class LoggingConfig:
     tensorboard_logdir: str | None = opt(None, "write TensorBoard scalars here")
     log_interval: int = opt(10, "log training statistics every N updates")
     log_format: str = opt("simple", "simple, or json (one object per line on stdout)", choices=("simple", "json"))
+    log_file: str | None = opt(None, "also append the log lines to this file")
     log_all_ranks: bool = opt(False, "log from every rank, not only rank 0")
+    no_progress_bar: bool = opt(False, "no progress bar (the log lines stay)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -395,6 +460,7 @@ class RunConfig:
 
     arch: str = opt("transformer_tiny", "model preset; model flags override it one by one")
     device: str = opt("auto", "auto: CUDA when available", choices=("auto", "cpu", "cuda"))
+    cpu: bool = opt(False, "fairseq's spelling of --device cpu")
     bf16: bool = opt(False, "bfloat16 autocast")
     fp16: bool = opt(False, "float16 autocast with loss scaling (overflows skip the update)")
     compile: bool = opt(False, "torch.compile with static (bucketed) shapes, all compiled at start-up")
@@ -405,6 +471,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        if self.cpu:
+            _require(self.device in ("auto", "cpu"), "cpu", f"contradicts --device {self.device}")
+            self.device = "cpu"
         _require(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
         for name in ("max_update", "max_epoch"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")
@@ -439,12 +508,16 @@ class EvalConfig:
     no_repeat_ngram_size: int = opt(0, "never repeat an n-gram of this size (0: off)")
     sampling: bool = opt(False, "sample instead of beam search")
     temperature: float = opt(1.0, "sampling temperature")
-    topk: int = opt(0, "sample from the k most likely tokens (0: all)")
-    topp: float = opt(1.0, "sample from the smallest set with probability >= p")
+    topk: int = opt(0, "sample from the k most likely tokens (0: all)", aliases=("--sampling-topk",))
+    topp: float = opt(1.0, "sample from the smallest set with probability >= p", aliases=("--sampling-topp",))
     seed: int = opt(1, "sampling seed")
-    batch_size: int | None = opt(None, "sentences per batch (default 64 unless --max-tokens is given)")
+    batch_size: int | None = opt(None, "sentences per batch (default 64 unless --max-tokens is given)", aliases=("--max-sentences",))
     max_tokens: int | None = opt(None, "source tokens per batch, padding included")
-    buffer_size: int = opt(4096, "raw-text lines read, translated and written at a time")
+    buffer_size: int | None = opt(
+        None,
+        "raw-text lines read, translated and written at a time (default: 4096, or 1 when stdin is a "
+        "terminal: with 1, each line's translation is printed as soon as it is ready)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -464,4 +537,105 @@ class EvalConfig:
                 _require(getattr(self, name) == default, name, "only applies with --sampling")
         _require(self.batch_size is None or self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
         _require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
-        _require(self.buffer_size >= 1, "buffer_size", f"must be >= 1, got {self.buffer_size}")
+        _require(self.buffer_size is None or self.buffer_size >= 1, "buffer_size", f"must be >= 1, got {self.buffer_size}")
+
+
+EVAL_OUTPUT_FORMATS = ("plain", "fairseq")
+
+
+@dataclass
+class EvalIOConfig:
+    """What nmt-eval reads, where it decodes and what it writes (fairseq-generate's names as aliases)."""
+
+    path: str = opt(
+        help="checkpoint file; a.pt:b.pt:c.pt ensembles them (the mean of their probabilities at every "
+        "step, as fairseq-generate does; one vocabulary); with --average one model of their averaged "
+        "weights; with --average-last N a save dir. A comma is part of a file name, never a separator",
+    )
+    data_dir: str | None = opt(None, "a directory written by nmt-preprocess", positional=True, metavar="DATA_DIR")
+    average: bool = opt(False, "average the weights of the --path checkpoints into one model instead of ensembling them")
+    average_last: int | None = opt(None, "average the N newest numbered checkpoints in the save dir --path", metavar="N")
+    split: str = opt("test", "split of DATA_DIR to translate", aliases=("--gen-subset",))
+    input: str | None = opt(None, "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)")
+    reference: str | None = opt(None, "raw reference text to score against (overrides the split's own); as many lines as the source")
+    output: str | None = opt(None, "write the output here (in input order; --nbest N: N lines per input line in plain format)")
+    results_path: str | None = opt(None, "write the output to DIR/generate-SPLIT.txt (fairseq-generate's option)", metavar="DIR")
+    format: str = opt(
+        "plain",
+        "plain: the translations; fairseq: fairseq-generate's S-/T-/H-/D-/P- lines for every n-best (scores in base 2)",
+        choices=EVAL_OUTPUT_FORMATS,
+    )
+    post_process: str | None = opt(
+        None,
+        "sentencepiece: S-/T-/H- lines of --format fairseq show text instead of pieces (fairseq's option; "
+        "plain output and D- lines are always text)",
+        choices=("sentencepiece",),
+        aliases=("--remove-bpe",),
+    )
+    print_alignment: bool = opt(False, "A- lines (--format fairseq): each target token's most attended source token, from the last decoder layer's cross-attention")
+    score_reference: bool = opt(False, "score the reference by forced decoding instead of translating (plain: one score per line, base 2)")
+    quiet: bool = opt(False, "print no translations, only the scores")
+    score_tokenized_lowercase: bool = opt(False, "also report BLEU on lowercased, tokenized text (as many Multi30k papers do)")
+    device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
+    cpu: bool = opt(False, "decode on the CPU (fairseq's flag; same as --device cpu)")
+    fp16: bool = opt(False, "float16 weights on CUDA; on the CPU a warning, and float32 (half precision is slower there)")
+    bf16: bool = opt(False, "bfloat16 weights on CUDA; on the CPU a warning, and float32")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _require(bool(self.checkpoint_paths), "path", "names no checkpoint")
+        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _require(not self.cpu or self.device in ("auto", "cpu"), "cpu", f"cannot be combined with --device {self.device}")
+        if self.cpu:
+            self.device = "cpu"
+        _require(not (self.fp16 and self.bf16), "fp16", "cannot be combined with --bf16")
+        _require(self.data_dir is None or self.input is None, "input", "give DATA_DIR (with --split) or --input, not both")
+        _require(self.average_last is None or self.average_last >= 1, "average_last", f"must be >= 1, got {self.average_last}")
+        _require(not (self.average and self.average_last is not None), "average", "cannot be combined with --average-last (which averages already)")
+        _require(self.output is None or self.results_path is None, "results_path", "cannot be combined with --output")
+        _require(
+            self.results_path is None or self.data_dir is not None,
+            "results_path",
+            "names its file after the split (generate-SPLIT.txt): give DATA_DIR --split, or --output for raw text",
+        )
+        _require(self.format == "fairseq" or not self.print_alignment, "print_alignment", "alignments are A- lines of --format fairseq")
+        _require(
+            not self.score_reference or self.data_dir is not None or self.reference is not None,
+            "score_reference",
+            "needs a reference: DATA_DIR --split, or --reference",
+        )
+        _require(
+            not (self.quiet and self.format == "plain" and self.output_path is not None),
+            "quiet",
+            "prints no translations, so the plain --output/--results-path file would be empty",
+        )
+
+    @property
+    def checkpoint_paths(self) -> list[str]:
+        """--path split into checkpoints (``:`` separates them, as fairseq's ``--path`` does)."""
+        return [path for path in self.path.split(":") if path]
+
+    @property
+    def output_path(self) -> str | None:
+        """Where the output goes (None: stdout)."""
+        if self.results_path is not None:
+            return os.path.join(self.results_path, f"generate-{self.split}.txt")
+        return self.output
+
+
+@dataclass
+class PlotConfig:
+    """nmt-plot: training curves from a run's log as a picture."""
+
+    log: str = opt(
+        help="nmt-train's --log-format json output (one JSON object per line; other lines are skipped), "
+        "or a --tensorboard-logdir directory (or one event file)",
+        positional=True,
+        metavar="LOGDIR_OR_JSONLOG",
+    )
+    output: str = opt("curves.png", "the picture to write (PNG, or any format matplotlib knows by the suffix)", aliases=("-o",))
+    title: str | None = opt(None, "figure title (default: the log's path)")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.log), "log", "must not be empty")
+        _require(bool(self.output), "output", "must not be empty")

@@ -55,8 +55,17 @@ def atomic_write(path: str, mode: str = "wb", *, tag: str = "", **open_kwargs: A
     fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
+class FileError(OSError):
+    """An OSError whose text is the whole message (the path and the cause), without "[Errno N]"."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def describe_os_error(error: OSError, path: str | None = None) -> OSError:
     """The same error with a message a user can act on: the path, and "disk full" for ENOSPC/EDQUOT."""
+    if isinstance(error, FileError):
+        return error
     where = path or error.filename or "?"
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         message = f"{where}: disk full (no space left on the device while writing)"
@@ -66,9 +75,7 @@ def describe_os_error(error: OSError, path: str | None = None) -> OSError:
         message = f"{where}: cannot write here ({os.strerror(error.errno)})"
     else:
         message = f"{where}: {error.strerror or error}"
-    described = OSError(error.errno, message)
-    described.filename = where
-    return described
+    return FileError(error.errno, message)
 
 
 def remove_stale_temporaries(directory: str) -> list[str]:
@@ -94,3 +101,56 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class DirectoryLock:
+    """An exclusive lock on a directory for one run at a time (``fcntl.flock`` on a lock file inside).
+
+    The kernel drops the lock when the holder exits, however it exits, so a crashed run never
+    leaves a directory stuck; the file keeps the holder's PID, host and start time for the message
+    the next run gets.
+    """
+
+    NAME = ".nmt.lock"
+
+    def __init__(self, directory: str, *, purpose: str) -> None:
+        self.directory = directory
+        self.purpose = purpose
+        self.path = os.path.join(directory, self.NAME)
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """ValueError naming the directory and the holder when another process has it."""
+        import fcntl
+        import socket
+        import time
+
+        os.makedirs(self.directory, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ValueError(
+                f"{self.directory}: in use by another {self.purpose} ({holder}); "
+                "wait for it to finish or use another directory"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file drops the lock
+            self._handle = None
+
+    def __enter__(self) -> DirectoryLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

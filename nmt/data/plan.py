@@ -23,36 +23,30 @@ epoch, the batch's first sample, part), never from the rank.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from nmt import dist
 from nmt.config import DataConfig
 from nmt.data.batching import Batches, batch_tokens, global_batches, shard
 from nmt.data.blend import BlendedCorpus, BlendedEpochs, weights_from_temperature
-from nmt.data.collate import Sample, collate
+from nmt.data.collate import collate
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.curriculum import distributed_sample_sort
+from nmt.data.difficulty import DifficultyScorer, corpus_difficulty
 from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
 from nmt.data.spm import BOS_ID, PAD_ID
-from nmt.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 
-# Scores a list of training pairs (higher: harder); must depend on each pair alone.
-DifficultyScorer = Callable[[Sequence[Sample]], np.ndarray]
-SCORE_CHUNK = 512  # pairs scored together: chunks are aligned globally, so no score depends on W
 
 
 @dataclass
@@ -132,6 +126,12 @@ class TrainingDataPlan:
         self.rank, self.world_size = rank, world_size
         self.max_positions = max_positions
         self.manifest = load_manifest(cfg.data_dir) if manifest is None else manifest
+        for option, asked, has in (("--source-lang", cfg.source_lang, self.manifest.source_lang),
+                                   ("--target-lang", cfg.target_lang, self.manifest.target_lang)):
+            if asked is not None and asked != has:
+                raise ValueError(
+                    f"{option} {asked}: {cfg.data_dir} holds {self.manifest.source_lang}-{self.manifest.target_lang} data"
+                )
         self.corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
         self.valid = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
@@ -150,7 +150,9 @@ class TrainingDataPlan:
             if static_shapes
             else None
         )
-        self.difficulty = self._difficulty(scorer, cache_dir=cache_dir)
+        self.difficulty = corpus_difficulty(
+            cfg, self.corpora, self.manifest, scorer=scorer, rank=rank, world_size=world_size, cache_dir=cache_dir
+        )
         self.blend = self._make_blend(cache_dir)
         # The position: what a checkpoint saves.
         self.epoch = 0
@@ -195,83 +197,6 @@ class TrainingDataPlan:
             cache_dir=None if cache_dir is None else os.path.join(cache_dir, "blend-cache"),
             rank=self.rank, world_size=self.world_size, barrier=dist.barrier,
         )
-
-    def _difficulty(self, scorer: DifficultyScorer | None, *, cache_dir: str | None) -> np.ndarray | None:
-        """One difficulty per sample of the corpora, in corpus order (concatenated)."""
-        spec = self.cfg.curriculum
-        if spec is None:
-            return None
-        if spec == "length":
-            return np.concatenate([np.maximum(c.src_lengths, c.tgt_lengths) for c in self.corpora]).astype(np.float64)
-        if spec.startswith("file:"):
-            return np.concatenate([read_scores(path, corpus) for path, corpus in zip(self.cfg.curriculum_files, self.corpora)])
-        if scorer is None:
-            raise ValueError(f"--curriculum {spec}: no model scorer was given to the data plan")
-        return self._model_difficulty(spec[len("model:") :], scorer, cache_dir=cache_dir)
-
-    def _model_difficulty(self, checkpoint: str, scorer: DifficultyScorer, *, cache_dir: str | None) -> np.ndarray:
-        """Each pair scored by a model on one rank (chunks of the corpora dealt out to ranks), ranked
-        globally by the distributed sample sort; cached next to the dataset."""
-        cache_name = f"model-{self._difficulty_key(checkpoint)}.npy"
-        candidates = [os.path.join(self.cfg.data_dir, "difficulty", cache_name)]
-        if cache_dir is not None:
-            candidates.append(os.path.join(cache_dir, "difficulty", cache_name))
-        found = dist.broadcast_object(next((p for p in candidates if os.path.isfile(p)), None))
-        if found is not None:
-            logger.info("difficulty of %d pairs read from %s", self.num_samples, found)
-            return np.load(found, mmap_mode="r")
-        total = self.num_samples
-        num_chunks = -(-total // SCORE_CHUNK)
-        first, last = self.rank * num_chunks // self.world_size, (self.rank + 1) * num_chunks // self.world_size
-        lo, hi = min(first * SCORE_CHUNK, total), min(last * SCORE_CHUNK, total)
-        starts = np.cumsum([0] + [len(c) for c in self.corpora])
-        scores = np.empty(hi - lo, dtype=np.float64)
-        with tqdm(total=hi - lo, unit="pair", desc=f"score ({checkpoint})", mininterval=2.0, disable=self.rank != 0) as bar:
-            for start in range(lo, hi, SCORE_CHUNK):
-                stop = min(start + SCORE_CHUNK, hi)
-                samples = [self._sample(starts, i) for i in range(start, stop)]
-                scores[start - lo : stop - lo] = scorer(samples)
-                bar.update(stop - start)
-        if not np.isfinite(scores).all():
-            raise ValueError(f"--curriculum model:{checkpoint}: the model gave a non-finite score")
-        rows = np.stack([scores, np.arange(lo, hi, dtype=np.float64)], axis=1)  # (n, 2): ties by index
-        mine = distributed_sample_sort(rows)[:, 1].astype(np.int64)
-        order = np.concatenate([part.numpy() for part in dist.all_gather_variable(torch.from_numpy(mine))])
-        difficulty = np.empty(total, dtype=np.float64)
-        difficulty[order] = np.arange(total, dtype=np.float64)
-        if self.rank == 0:
-            self._write_cache(candidates, difficulty)
-        return difficulty
-
-    def _sample(self, starts: np.ndarray, index: int) -> Sample:
-        corpus = int(np.searchsorted(starts, index, side="right")) - 1
-        return self.corpora[corpus][index - int(starts[corpus])]
-
-    def _difficulty_key(self, checkpoint: str) -> str:
-        digest = hashlib.sha256()
-        try:
-            with open(checkpoint, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-        except OSError as error:
-            raise ValueError(f"--curriculum model:{checkpoint}: cannot read the checkpoint ({error.strerror})") from None
-        for corpus in self.corpora:
-            digest.update(corpus.split.encode())
-            for side in (corpus.entry.src, corpus.entry.tgt):
-                digest.update(self.manifest.checksums.get(side.prefix + ".bin", side.prefix).encode())
-        return digest.hexdigest()[:20]
-
-    @staticmethod
-    def _write_cache(candidates: list[str], difficulty: np.ndarray) -> None:
-        for path in candidates:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with atomic_write(path) as handle:
-                    np.save(handle, difficulty)
-                logger.info("difficulty cached in %s", path)
-                return
-            except OSError as error:
-                logger.warning("cannot cache the difficulty in %s (%s)", path, error)
 
     # ----------------------------------------------------------------------------- one epoch
     def _prepare(self) -> EpochBatches:
@@ -461,32 +386,3 @@ class _Batches(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self.make(self.batches[index])
-
-
-def read_scores(path: str, corpus: ParallelCorpus) -> np.ndarray:
-    """``--curriculum file:PATH``: one float per raw training line (or per kept pair), aligned to
-    the corpus's samples."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().split("\n")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"--curriculum: cannot read {path}: {error}") from None
-    if lines and lines[-1] == "":
-        lines.pop()
-    scores = np.empty(len(lines), dtype=np.float64)
-    for number, line in enumerate(lines, start=1):
-        try:
-            scores[number - 1] = float(line)
-        except ValueError:
-            raise ValueError(f"{path}:{number}: not a number: {line[:40]!r} (--curriculum)") from None
-    if not np.isfinite(scores).all():
-        raise ValueError(f"{path}:{int(np.flatnonzero(~np.isfinite(scores))[0]) + 1}: score is not finite (--curriculum)")
-    num_lines = corpus.entry.num_lines
-    if scores.shape[0] == num_lines:
-        return scores[np.asarray(corpus.line_numbers)]
-    if scores.shape[0] == len(corpus):
-        return scores
-    raise ValueError(
-        f"{path}: {scores.shape[0]} scores, expected one per training line ({num_lines}) "
-        f"or per kept pair ({len(corpus)}) of split {corpus.split!r}"
-    )

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from nmt.config import EvalConfig
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
-from nmt.model import DecoderState, TransformerModel
+from nmt.eval.ensemble import Ensemble, EnsembleState
+from nmt.model import TransformerModel
 
 
 @dataclass
@@ -45,7 +45,7 @@ def max_target_lengths(src_lengths: np.ndarray, cfg: EvalConfig, *, max_position
 
 @torch.inference_mode()
 def generate(
-    model: TransformerModel,
+    model: TransformerModel | Ensemble,
     src_tokens: torch.Tensor,
     src_lengths: torch.Tensor,
     cfg: EvalConfig,
@@ -56,20 +56,19 @@ def generate(
 
     ``cfg.beam == 1`` takes the greedy path; ``cfg.sampling`` draws ``cfg.beam`` samples per
     sentence (with ``generator`` for reproducibility) and keeps the ``cfg.nbest`` best-scoring.
+    An ``Ensemble`` of several models decodes with the mean of their probabilities at every step.
     """
-    max_len = max_target_lengths(
-        src_lengths.cpu().numpy(), cfg, max_positions=model.cfg.max_target_positions
-    )
-    encoder_out = model.encode(src_tokens, src_lengths)
-    state = model.init_decoder_state(encoder_out)
+    ensemble = model if isinstance(model, Ensemble) else Ensemble([model])
+    max_len = max_target_lengths(src_lengths.cpu().numpy(), cfg, max_positions=ensemble.max_target_positions)
+    state = ensemble.start(src_tokens, src_lengths)
     if cfg.sampling or cfg.beam == 1:
-        return _one_token_per_row(model, state, max_len, cfg, generator=generator, device=src_tokens.device)
-    return _beam_search(model, state, max_len, cfg, device=src_tokens.device)
+        return _one_token_per_row(ensemble, state, max_len, cfg, generator=generator, device=src_tokens.device)
+    return _beam_search(ensemble, state, max_len, cfg, device=src_tokens.device)
 
 
 def _next_log_probs(
-    model: TransformerModel,
-    state: DecoderState,
+    ensemble: Ensemble,
+    state: EnsembleState,
     prefix: torch.Tensor,
     *,
     step: int,
@@ -80,10 +79,7 @@ def _next_log_probs(
 
     ``force_eos`` (R,) bool marks rows past their maximum length (None: no row is).
     """
-    logits = model.decode_step(prefix[:, -1], state).float()  # (R, V); float: fp16 models sum scores in fp32
-    if cfg.temperature != 1.0:
-        logits = logits / cfg.temperature
-    lprobs = F.log_softmax(logits, dim=-1)
+    lprobs = ensemble.next_log_probs(prefix[:, -1], state, temperature=cfg.temperature)  # (R, V)
     lprobs[:, PAD_ID] = -torch.inf
     lprobs[:, BOS_ID] = -torch.inf
     if cfg.no_repeat_ngram_size and prefix.shape[1] >= cfg.no_repeat_ngram_size:
@@ -136,8 +132,8 @@ def _sample(lprobs: torch.Tensor, cfg: EvalConfig, generator: torch.Generator | 
 
 
 def _one_token_per_row(
-    model: TransformerModel,
-    state: DecoderState,
+    ensemble: Ensemble,
+    state: EnsembleState,
     max_len: np.ndarray,
     cfg: EvalConfig,
     *,
@@ -160,7 +156,7 @@ def _one_token_per_row(
     sums = torch.zeros(num_rows, device=device)
     for step in range(int(row_max_len.max()) + 1):
         force_eos = _force_eos_rows(step, row_max_len, rows_per_sentence=1, device=device)
-        lprobs = _next_log_probs(model, state, prefix, step=step, force_eos=force_eos, cfg=cfg)
+        lprobs = _next_log_probs(ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg)
         tokens = _sample(lprobs, cfg, generator) if cfg.sampling else lprobs.argmax(dim=-1)  # (R,)
         sums = sums + lprobs.gather(1, tokens[:, None]).squeeze(1)
         prefix = torch.cat([prefix, tokens[:, None]], dim=1)
@@ -179,7 +175,7 @@ def _one_token_per_row(
 
 
 def _beam_search(
-    model: TransformerModel, state: DecoderState, max_len: np.ndarray, cfg: EvalConfig, *, device: torch.device
+    ensemble: Ensemble, state: EnsembleState, max_len: np.ndarray, cfg: EvalConfig, *, device: torch.device
 ) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
     finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
@@ -195,7 +191,7 @@ def _beam_search(
         num_active = sentences.shape[0]
         rows_per_sentence = prefix.shape[0] // num_active  # 1 at the first step, then K
         force_eos = _force_eos_rows(step, max_len, rows_per_sentence=rows_per_sentence, device=device)
-        lprobs = _next_log_probs(model, state, prefix, step=step, force_eos=force_eos, cfg=cfg)  # (rows, V)
+        lprobs = _next_log_probs(ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg)  # (rows, V)
         vocab_size = lprobs.shape[1]
         # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.
         candidates = (sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)).view(num_active, -1)
@@ -239,11 +235,7 @@ def _beam_search(
             # Expanding to K beams, or dropping finished sentences: the encoder side changes too.
             state.reorder(next_rows.view(-1))
         else:
-            # Beams move within their own sentence, whose encoder keys/values are the same for every
-            # beam: only the self-attention caches need reordering (saves copying the cross-attention
-            # keys/values of every layer at every step).
-            for cache in state.self_caches:
-                cache.reorder(next_rows.view(-1))
+            state.reorder_beams(next_rows.view(-1))  # beams moved within their own sentence
         prefix = torch.cat([prefix.index_select(0, next_rows.view(-1)), next_tokens.view(-1, 1)], dim=1)
     return finished.best(num_sentences, per_sentence=beam, nbest=cfg.nbest)
 

@@ -1,12 +1,17 @@
-"""Translator: a checkpoint (or an average of several) -> text in, text out. Also the Python API.
+"""Translator: checkpoint(s) -> text in, text out. Also the Python API.
 
     translator = nmt.Translator.from_checkpoint("runs/ckpt/checkpoint_best.pt", device="cpu")
     translator.translate(["A man is riding a bike."], beam=5)   # -> ["Ein Mann fährt Fahrrad."]
+    translator.translate("A man is riding a bike.")             # one sentence -> one str
     translator.score(hypotheses, references)                    # -> [BLEU, chrF2] with signatures
+    Translator.from_checkpoint(["a.pt", "b.pt"])                 # an ensemble (mean of probabilities)
+    Translator.from_checkpoint(["a.pt", "b.pt"], average=True)   # one model, weights averaged
 
 The checkpoint carries its SentencePiece models, so raw text needs no data directory. Sentences are
 decoded in batches of similar source length (sorted, so little padding) and returned in input
-order; an empty line (no pieces) gives an empty translation without reaching the model.
+order; an empty line (no pieces) gives an empty translation without reaching the model. Forced
+decoding (``score_targets``) gives per-token scores and alignments of given targets: fairseq's
+P- and A- lines and ``--score-reference``.
 """
 
 from __future__ import annotations
@@ -16,18 +21,19 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
+from nmt.checkpoint_io import load_averaged_checkpoint, load_model_checkpoint, same_vocab, tensor_to_bytes
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.batching import greedy_offsets
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.spm import EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
+from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
+from nmt.eval.ensemble import Ensemble
 from nmt.eval.score import Score, score
 from nmt.eval.search import Hypothesis, generate
 from nmt.model import TransformerModel, build_model
@@ -58,63 +64,156 @@ def iter_line_chunks(stream: BinaryIO, *, size: int, name: str) -> Iterator[list
 @dataclass
 class Translation:
     text: str  # detokenized
-    score: float
-    tokens: list[int]  # generated piece ids, EOS excluded
+    score: float  # natural log: sum of the token log-probabilities (EOS included) / (len(tokens) + 1) ** lenpen
+    tokens: list[int]  # piece ids, EOS excluded
+    # Filled by ``Translator.add_token_scores`` (fairseq's P- and A- lines), else None:
+    positional_scores: list[float] | None = None  # natural log, one per token and one for EOS
+    alignment: list[tuple[int, int]] | None = None  # (source position, target position), EOS excluded
+
+
+@dataclass
+class TargetScore:
+    """Forced decoding of one given target."""
+
+    token_scores: np.ndarray  # (T,) float, natural log, EOS included
+    attention: np.ndarray | None  # (T, S) cross-attention of each target token over the source (EOS included)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: no CUDA device is available (use --device auto or cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def decode_dtype(device: torch.device, *, fp16: bool = False, bf16: bool = False) -> torch.dtype | None:
+    """The weights' dtype for ``--fp16``/``--bf16`` on ``device``; None keeps float32.
+
+    On the CPU the flag is ignored with one warning: half-precision matrix products there are slower
+    than float32 (fairseq users type --fp16 out of habit; a 4x slower decode with no word was issue 13).
+    """
+    if not (fp16 or bf16):
+        return None
+    flag = "--fp16" if fp16 else "--bf16"
+    if device.type == "cpu":
+        logger.warning("%s ignored on the CPU (half-precision is slower there): decoding in float32", flag)
+        return None
+    return torch.float16 if fp16 else torch.bfloat16
+
+
+def hard_alignment(attention: np.ndarray, *, num_source_tokens: int, num_target_tokens: int) -> list[tuple[int, int]]:
+    """fairseq's hard alignment: each target token (EOS excluded) to the source token (EOS excluded)
+    it attends to most; ``attention`` (T, S) rows are target positions, columns source positions."""
+    if num_source_tokens == 0:
+        return []
+    best = attention[:num_target_tokens, :num_source_tokens].argmax(axis=1)
+    return [(int(source), target) for target, source in enumerate(best)]
+
+
+def _sentences(lines: str | Sequence[str]) -> tuple[list[str], bool]:
+    """The sentences to translate and whether one ``str`` was given (one sentence, never its characters)."""
+    if isinstance(lines, str):
+        sentence = lines[:-1] if lines.endswith("\n") else lines
+        if "\n" in sentence:
+            raise ValueError("translate: a str is one sentence, without '\\n' inside (pass text.split('\\n') for several)")
+        return [sentence], True
+    sentences = list(lines)
+    for sentence in sentences:
+        if not isinstance(sentence, str):
+            raise TypeError(f"translate: expected a str or a sequence of str, got a sequence holding {type(sentence).__name__}")
+    return sentences, False
 
 
 class Translator:
+    """Text in, text out, with one model or an ensemble of several (the mean of their probabilities)."""
+
     def __init__(
         self,
-        model: TransformerModel | CT2Model,
+        model: TransformerModel | Sequence[TransformerModel] | CT2Model,
         *,
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         config: EvalConfig | None = None,
     ) -> None:
-        self.model = model.eval()
+        self.models = [m.eval() for m in model] if isinstance(model, Sequence) else [model.eval()]
+        self.model = self.models[0]
+        self.ensemble = Ensemble(self.models)
         # A CT2Model (an nmt-export directory) runs its own search; the host device then only holds
         # the sampling generator, which CTranslate2 does not use.
-        self.device = next(model.parameters()).device if isinstance(model, TransformerModel) else torch.device("cpu")
+        self.device = next(self.model.parameters()).device if isinstance(self.model, TransformerModel) else torch.device("cpu")
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.config = EvalConfig() if config is None else config
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Sequence[str], *, device: str | torch.device = "cpu", config: EvalConfig | None = None
+        cls,
+        path: str | Sequence[str],
+        *,
+        device: str | torch.device = "cpu",
+        config: EvalConfig | None = None,
+        average: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> Translator:
-        """Load one checkpoint, or average several (a list of paths); a directory written by
-        ``nmt-export --format ctranslate2`` gives a Translator that decodes with CTranslate2."""
+        """One checkpoint, or several: an ensemble (fairseq's ``--path a.pt:b.pt``), or with
+        ``average`` one model with their weights averaged. ``device``: also "auto" (CUDA when
+        available). ``dtype``: e.g. float16 weights on CUDA. A directory written by ``nmt-export
+        --format ctranslate2`` gives a Translator that decodes with CTranslate2."""
         paths = [path] if isinstance(path, str) else list(path)
+        if not paths:
+            raise ValueError("--path: no checkpoint given")
+        if isinstance(device, str):
+            device = resolve_device(device)
         if len(paths) == 1 and os.path.isdir(paths[0]):
             from nmt.eval.ct2_model import CT2Model  # lazy: ctranslate2 is an optional extra
 
             exported = CT2Model.load(paths[0], device=device)
             return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
-        state = load_averaged_checkpoint(paths)
-        # Incremental decoding runs on the padded layout; let the device pick its backend (a model
-        # trained with --attention varlen or xformers on GPU must still decode on a CPU).
-        model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
-        model = build_model(model_cfg)
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as error:
-            raise ValueError(f"{paths[0]}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})") from None
-        vocab = state["vocab"]
+        if average or len(paths) == 1:
+            named_states = [(paths[0], load_averaged_checkpoint(paths))]
+        else:
+            named_states = [(p, load_model_checkpoint(p)) for p in paths]
+        first_path, first = named_states[0]
+        for other_path, state in named_states[1:]:
+            if not same_vocab(state["vocab"], first["vocab"]):
+                raise ValueError(
+                    f"{other_path}: vocabulary differs from {first_path}'s; the models of an ensemble "
+                    "must share their SentencePiece models and languages"
+                )
+        vocab = first["vocab"]
         if vocab.get("special_ids") != SPECIAL_IDS:
-            raise ValueError(f"{paths[0]}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
-        src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{paths[0]} (source SentencePiece model)")
-        tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{paths[0]} (target SentencePiece model)")
-        return cls(model.to(device), src_spm=src_spm, tgt_spm=tgt_spm, config=config)
+            raise ValueError(f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
+        models = [_build_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states]
+        src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)")
+        tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)")
+        return cls(models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
 
-    def translate(self, lines: Sequence[str], *, progress: bool = False, **options: Any) -> list[str]:
-        """Best translation of each line; ``options`` override ``EvalConfig`` fields (beam=5, lenpen=...)."""
-        return [nbest[0].text for nbest in self.translate_nbest(lines, progress=progress, **options)]
+    @overload
+    def translate(self, lines: str, *, progress: bool = False, **options: Any) -> str: ...
+    @overload
+    def translate(self, lines: Sequence[str], *, progress: bool = False, **options: Any) -> list[str]: ...
 
-    def translate_nbest(self, lines: Sequence[str], *, progress: bool = False, **options: Any) -> list[list[Translation]]:
-        """Per line, ``nbest`` translations, best first."""
-        sources = [np.array(ids + [EOS_ID], dtype=np.int64) for ids in self.src_spm.encode(lines)]
-        return self.detokenize(self.generate(sources, progress=progress, **options))
+    def translate(self, lines: str | Sequence[str], *, progress: bool = False, **options: Any) -> str | list[str]:
+        """Best translation of each line (of the one sentence, given a ``str``); ``options`` override
+        ``EvalConfig`` fields (beam=5, lenpen=...)."""
+        sentences, single = _sentences(lines)
+        best = [nbest[0].text for nbest in self.translate_nbest(sentences, progress=progress, **options)]
+        return best[0] if single else best
+
+    def translate_nbest(self, lines: str | Sequence[str], *, progress: bool = False, **options: Any) -> list[list[Translation]]:
+        """Per line, ``nbest`` translations, best first (a ``str`` is one line)."""
+        sentences, _ = _sentences(lines)
+        return self.detokenize(self.generate(self.encode(sentences), progress=progress, **options))
+
+    def encode(self, lines: Sequence[str]) -> list[np.ndarray]:
+        """Source token ids of raw lines, EOS included, as ``generate`` takes them."""
+        return [np.array(ids + [EOS_ID], dtype=np.int64) for ids in self.src_spm.encode(lines)]
 
     def detokenize(self, hypotheses: list[list[Hypothesis]]) -> list[list[Translation]]:
         texts = iter(self.tgt_spm.decode([hyp.tokens for nbest in hypotheses for hyp in nbest]))
@@ -123,24 +222,12 @@ class Translator:
     def generate(self, sources: Sequence[np.ndarray], *, progress: bool = False, **options: Any) -> list[list[Hypothesis]]:
         """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order."""
         cfg = dataclasses.replace(self.config, **options)
-        max_positions = self.model.cfg.max_source_positions
-        lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
-        num_truncated = int((lengths > max_positions).sum())
-        if num_truncated:
-            logger.warning("%d source sentences longer than %d tokens are truncated", num_truncated, max_positions)
-            lengths = np.minimum(lengths, max_positions)
+        lengths = self._source_lengths(sources)
         results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
         todo = np.flatnonzero(lengths > 1)  # EOS alone: an empty line translates to an empty line
-        order = todo[np.argsort(-lengths[todo], kind="stable")]  # longest first: similar lengths share a batch
         generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
-        with tqdm(total=len(order), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
-            # Longest first, so a batch's padded cost is its size x its first length.
-            sorted_lengths = lengths[order]
-            offsets = greedy_offsets(
-                sorted_lengths, sorted_lengths, cfg.max_tokens or UNLIMITED, packed=False, max_sentences=cfg.batch_size
-            )
-            for start, stop in zip(offsets[:-1], offsets[1:]):
-                indices = order[start:stop]
+        with tqdm(total=len(todo), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
+            for indices in _batches(todo, lengths, lengths, cfg):
                 nbests = self.generate_batch([sources[i] for i in indices], lengths[indices], cfg, generator=generator)
                 for index, nbest in zip(indices, nbests):
                     results[index] = nbest
@@ -154,7 +241,103 @@ class Translator:
         if not isinstance(self.model, TransformerModel):
             return self.model.generate_batch(sources, lengths, cfg)
         src_tokens, src_lengths = self._collate(sources, lengths)
-        return generate(self.model, src_tokens, src_lengths, cfg, generator=generator)
+        return generate(self.ensemble, src_tokens, src_lengths, cfg, generator=generator)
+
+    @torch.inference_mode()
+    def score_targets(
+        self,
+        sources: Sequence[np.ndarray],
+        targets: Sequence[Sequence[int]],
+        *,
+        need_attention: bool = False,
+        progress: bool = False,
+    ) -> list[TargetScore]:
+        """Forced decoding: the log-probability of every token of each target (ids, EOS included)
+        given its source, from the ensemble, batched like ``generate``; with ``need_attention``
+        also the last decoder layer's cross-attention. Targets longer than the model's positions
+        are scored on their first positions only (counted in a warning)."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets: they must align")
+        cfg = self.config
+        src_lengths = self._source_lengths(sources)
+        max_target = self.ensemble.max_target_positions
+        tgt_lengths = np.fromiter((len(target) for target in targets), dtype=np.int64, count=len(targets))
+        num_truncated = int((tgt_lengths > max_target).sum())
+        if num_truncated:
+            logger.warning("%d targets longer than %d tokens are scored on their first %d tokens", num_truncated, max_target, max_target)
+            tgt_lengths = np.minimum(tgt_lengths, max_target)
+        results = [TargetScore(np.zeros(0, dtype=np.float32), None) for _ in targets]
+        with tqdm(total=len(targets), unit="sent", desc="score", disable=not progress, mininterval=1.0, leave=False) as bar:
+            for indices in _batches(np.flatnonzero(tgt_lengths > 0), src_lengths, tgt_lengths, cfg):
+                src_tokens, batch_src_lengths = self._collate([sources[i] for i in indices], src_lengths[indices])
+                target = np.full((len(indices), int(tgt_lengths[indices].max())), PAD_ID, dtype=np.int64)
+                for row, index in enumerate(indices):
+                    target[row, : tgt_lengths[index]] = targets[index][: tgt_lengths[index]]
+                target_tensor = torch.from_numpy(target).to(self.device)
+                prev_output = torch.cat([torch.full_like(target_tensor[:, :1], BOS_ID), target_tensor[:, :-1]], dim=1)
+                scores, attention = self.ensemble.score_targets(
+                    src_tokens, batch_src_lengths, prev_output, target_tensor,
+                    temperature=cfg.temperature, need_attention=need_attention,
+                )
+                scores_np = scores.cpu().numpy()
+                attention_np = None if attention is None else attention.cpu().numpy()
+                for row, index in enumerate(indices):
+                    length, source_length = int(tgt_lengths[index]), int(src_lengths[index])
+                    results[index] = TargetScore(
+                        token_scores=scores_np[row, :length],
+                        attention=None if attention_np is None else attention_np[row, :length, :source_length],
+                    )
+                bar.update(len(indices))
+        return results
+
+    def add_token_scores(
+        self, sources: Sequence[np.ndarray], translations: Sequence[Sequence[Translation]], *, alignment: bool = False
+    ) -> None:
+        """Fill each translation's ``positional_scores`` (and ``alignment``) by forced decoding of its
+        tokens, as fairseq-generate prints them; translations of empty sources (not decoded) get none."""
+        pairs = [(index, translation) for index, nbest in enumerate(translations) if len(sources[index]) > 1 for translation in nbest]
+        scored = self.score_targets(
+            [sources[index] for index, _ in pairs], [t.tokens + [EOS_ID] for _, t in pairs], need_attention=alignment
+        )
+        for nbest in translations:
+            for translation in nbest:
+                translation.positional_scores, translation.alignment = [], ([] if alignment else None)
+        for (index, translation), result in zip(pairs, scored):
+            translation.positional_scores = result.token_scores.tolist()
+            if alignment:
+                assert result.attention is not None
+                translation.alignment = hard_alignment(
+                    result.attention, num_source_tokens=len(sources[index]) - 1, num_target_tokens=len(translation.tokens)
+                )
+
+    def score_references(self, sources: Sequence[np.ndarray], references: Sequence[str], *, alignment: bool = False) -> list[Translation]:
+        """fairseq's ``--score-reference``: each raw reference line scored as the translation of its
+        source (forced decoding), with the hypotheses' score rule (sum / length ** lenpen)."""
+        targets = [ids + [EOS_ID] for ids in self.tgt_spm.encode(references)]
+        results = []
+        for index, (reference, target, scored) in enumerate(zip(references, targets, self.score_targets(sources, targets, need_attention=alignment))):
+            length = len(scored.token_scores)
+            results.append(
+                Translation(
+                    text=reference,
+                    score=float(scored.token_scores.sum()) / length**self.config.lenpen,
+                    tokens=target[:-1],
+                    positional_scores=scored.token_scores.tolist(),
+                    alignment=None if scored.attention is None else hard_alignment(
+                        scored.attention, num_source_tokens=len(sources[index]) - 1, num_target_tokens=length - 1
+                    ),
+                )
+            )
+        return results
+
+    def _source_lengths(self, sources: Sequence[np.ndarray]) -> np.ndarray:
+        """Source lengths (EOS included), cut to the models' positions (counted in a warning)."""
+        max_positions = self.ensemble.max_source_positions
+        lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
+        num_truncated = int((lengths > max_positions).sum())
+        if num_truncated:
+            logger.warning("%d source sentences longer than %d tokens are truncated", num_truncated, max_positions)
+        return np.minimum(lengths, max_positions)
 
     def _collate(self, sources: list[np.ndarray], lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded (B, S) int64 source and lengths (B,); over-long sources keep their EOS."""
@@ -169,11 +352,34 @@ class Translator:
         return score(hypotheses, references, tokenized_lowercase=tokenized_lowercase)
 
 
+def _build_model(state: dict[str, Any], *, name: str) -> TransformerModel:
+    # Incremental decoding runs on the padded layout; let the device pick its backend (a model
+    # trained with --attention varlen or xformers on GPU must still decode on a CPU).
+    model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
+    model = build_model(model_cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise ValueError(f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})") from None
+    return model
+
+
+def _batches(indices: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: EvalConfig) -> Iterator[np.ndarray]:
+    """``indices`` in batches, longest first (similar lengths share a batch, so a batch's padded cost
+    is its size x its first length), cut under --max-tokens and --batch-size by the training batcher."""
+    longest = np.maximum(src_lengths, tgt_lengths)
+    order = indices[np.argsort(-longest[indices], kind="stable")]
+    offsets = greedy_offsets(src_lengths[order], tgt_lengths[order], cfg.max_tokens or UNLIMITED, packed=False, max_sentences=cfg.batch_size)
+    for start, stop in zip(offsets[:-1], offsets[1:]):
+        yield order[start:stop]
+
+
 @dataclass
 class Split:
     sources: list[np.ndarray]  # token ids, EOS included, in line order
     line_numbers: np.ndarray  # (N,) line of each source in the raw text (for the references)
     reference_path: str | None  # the raw target text the manifest names
+    num_lines: int  # lines of the raw text the split was made from: a reference must have as many
 
 
 def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel) -> Split:
@@ -193,14 +399,32 @@ def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel) -> Spl
         sources=[np.asarray(corpus.src[i], dtype=np.int64) for i in range(len(corpus))],
         line_numbers=np.asarray(corpus.line_numbers),
         reference_path=None if prefix is None else resolve_text_file(prefix, manifest.target_lang),
+        num_lines=corpus.entry.num_lines,
     )
 
 
-def read_references(path: str, *, line_numbers: np.ndarray | None = None) -> list[str]:
-    """Raw reference lines (split on ``\\n`` only, ``.gz`` allowed), optionally the given lines only."""
+def read_references(path: str, *, num_lines: int | None = None, line_numbers: np.ndarray | None = None) -> list[str]:
+    """Raw reference lines (split on ``\\n`` only, ``.gz`` allowed), optionally the given lines only.
+
+    ``num_lines``: the line count of the source text; a reference with another count is refused (a
+    longer or shorter file is the wrong file, whose score would be silently meaningless).
+    """
     references = decode_lines(read_raw_lines(path), path=path, replace_invalid=True).lines
+    if num_lines is not None and len(references) != num_lines:
+        raise ValueError(f"{path}: the reference has {len(references)} lines but the source has {num_lines}; they must align line for line")
     if line_numbers is None:
         return references
     if len(line_numbers) and int(line_numbers.max()) >= len(references):
         raise ValueError(f"{path}: {len(references)} lines, but the split has a sentence from line {int(line_numbers.max()) + 1}")
     return [references[i] for i in line_numbers]
+
+
+def count_lines(path: str) -> int:
+    """Lines of a text file as ``iter_line_chunks`` splits it (a last line without ``\\n`` counts),
+    read in blocks: the input is not held in memory."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")

@@ -53,6 +53,12 @@ def _prenorm(preset: Callable[..., ModelConfig]) -> Callable[..., ModelConfig]:
     return prenorm
 
 
+def transformer_iwslt_de_en(**overrides: Any) -> ModelConfig:
+    """fairseq's IWSLT preset: 6+6 layers, 512 dim, 4 heads, FFN 1024, post-norm."""
+    values = _sides(layers=6, embed_dim=512, ffn_embed_dim=1024, attention_heads=4)
+    return _preset({**values, "dropout": 0.1}, overrides)
+
+
 transformer_base_prenorm = _prenorm(transformer_base)
 transformer_big_prenorm = _prenorm(transformer_big)
 
@@ -64,5 +70,20 @@ ARCHS: dict[str, Callable[..., ModelConfig]] = {
         transformer_base_prenorm,
         transformer_big,
         transformer_big_prenorm,
+        transformer_iwslt_de_en,
     )
 }
+
+
+def transformer_wmt_en_de_big(**overrides: Any) -> ModelConfig:
+    """fairseq's name: the big model with attention dropout 0.1."""
+    return transformer_big(**{"attention_dropout": 0.1, **overrides})
+
+
+# fairseq's names for the same models (its transformer_wmt_en_de is the base model, and so on).
+ARCHS.update(
+    transformer=transformer_base,
+    transformer_wmt_en_de=transformer_base,
+    transformer_vaswani_wmt_en_de_big=transformer_big,
+    transformer_wmt_en_de_big=transformer_wmt_en_de_big,
+)

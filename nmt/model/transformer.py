@@ -24,11 +24,17 @@ Incremental decoding (beam search)::
     state.reorder(torch.arange(B).repeat_interleave(beam))   # expand to B*beam rows
     logits = model.decode_step(tokens, state)            # (B*beam,) -> (B*beam, V); state advances
     state.reorder(index)                                 # after choosing the surviving beams
+    state.reorder_beams(index)                           # beams moved within their sentences only
+
+Alignments: inside ``with model.recording_cross_attention() as weights:`` every padded forward or
+decoding step appends the last decoder layer's head-averaged cross-attention (B, T, S) to ``weights``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable
 
@@ -218,6 +224,18 @@ class CrossAttention(_Attention):
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (..., H, Dh)
         return self._attend(q, k, v, mask)
 
+    def weights(self, x: torch.Tensor, k: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        """Attention probabilities averaged over heads, (B, T, S), for queries x (B, T, D) over keys
+        k (B, S, H, Dh) (padded layout). The attention kernels never materialise them, so they are
+        recomputed here, only when asked for (alignments)."""
+        assert not mask.packed, "attention weights are recorded on the padded layout"
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
+        scores = q @ k.permute(0, 2, 3, 1) * self.head_dim**-0.5  # (B, H, T, S)
+        bias = mask.sdpa_mask(num_keys=k.shape[1], dtype=scores.dtype)  # (B, 1, 1, S) or None
+        if bias is not None:
+            scores = scores + bias
+        return scores.softmax(dim=-1).mean(dim=1)
+
 
 class FeedForward(nn.Module):
     def __init__(self, dim: int, ffn_dim: int, *, activation_fn: str, activation_dropout: float) -> None:
@@ -382,6 +400,12 @@ class DecoderState:
         """Select/expand batch rows in place (``index_select`` over batch*beam on every cache)."""
         self.cross_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv]
         self.cross_mask = self.cross_mask.index_select(index)
+        self.reorder_beams(index)
+
+    def reorder_beams(self, index: torch.Tensor) -> None:
+        """Reorder rows that only move among the beams of their own sentence: the encoder side is the
+        same for every beam of a sentence, so only the self-attention caches are copied (saves copying
+        every layer's cross-attention keys/values at every step)."""
         for cache in self.self_caches:
             cache.reorder(index)
 
@@ -532,6 +556,25 @@ class TransformerModel(nn.Module):
         )  # (B, 1, D)
         state.num_steps += 1
         return self.output_projection(hidden[:, 0])
+
+    @contextlib.contextmanager
+    def recording_cross_attention(self) -> Iterator[list[torch.Tensor]]:
+        """Inside the block, every padded forward (teacher-forced, or one ``decode_step``) appends the
+        last decoder layer's cross-attention probabilities averaged over heads, (B, T, S), to the
+        yielded list (fairseq's alignment layer). A hook on that one module: the default path pays
+        nothing, and no forward signature changes."""
+        recorded: list[torch.Tensor] = []
+        cross_attn = self.decoder.layers[-1].cross_attn
+
+        def record(module: CrossAttention, args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMask]) -> None:
+            x, k, _, mask = args
+            recorded.append(module.weights(x, k, mask))
+
+        handle = cross_attn.register_forward_pre_hook(record)
+        try:
+            yield recorded
+        finally:
+            handle.remove()
 
 
 def build_model(cfg: ModelConfig) -> TransformerModel:

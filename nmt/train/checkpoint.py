@@ -6,9 +6,14 @@ decides what a training checkpoint holds and when old ones go.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import platform
 import random
+import re
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -27,9 +32,13 @@ from nmt.checkpoint_io import (
     numbered_checkpoints,
     numbered_name,
 )
-from nmt.config import CheckpointConfig
+
+# Numbered checkpoints of each kind, for --keep-last-epochs and --keep-interval-updates.
+EPOCH_CHECKPOINT = re.compile(r"checkpoint\d+\.pt")
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_\d+\.pt")
+from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
 from nmt.data.manifest import Manifest
-from nmt.fileio import remove_stale_temporaries, temporary_sibling
+from nmt.fileio import DirectoryLock, remove_stale_temporaries, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
@@ -71,21 +80,169 @@ def read_vocab(manifest: Manifest) -> dict[str, Any]:
     return vocab
 
 
+# What a run is, for resuming it: one group per reset flag that accepts a change in it. The
+# vocabulary and the model's shape can never change under the same weights.
+IDENTITY_RESETS = {
+    "vocabulary": None,
+    "model": None,
+    "training data": "--reset-dataloader",
+    "batch sequence": "--reset-dataloader",
+    "optimizer": "--reset-optimizer",
+    "learning-rate schedule": "--reset-lr-scheduler",
+}
+# Model options a resumed run may change (they shape no weight).
+MODEL_OPTIONS_FREE_TO_CHANGE = ("dropout", "attention_dropout", "activation_dropout", "attention")
+
+
+def run_identity(cfg: TrainConfig, model_cfg: ModelConfig, manifest: Manifest) -> dict[str, dict[str, Any]]:
+    """The options and data a checkpoint's state belongs to, grouped as ``IDENTITY_RESETS``."""
+    spm_files = sorted({manifest.spm.src_model, manifest.spm.tgt_model})
+    train_files = sorted(
+        name
+        for split in cfg.data.train_subsets
+        for side in (manifest.split(split).src, manifest.split(split).tgt)
+        for name in manifest.checksums
+        if name.startswith(side.prefix + ".")
+    )
+    batching = {option_name(k): v for k, v in to_dict(cfg.data.batching).items()}
+    for name in ("train_subsets", "subset_weights", "sampling_temperature", "epoch_samples", "curriculum"):
+        batching[option_name(name)] = to_dict(cfg.data)[name]
+    batching["--seed"] = cfg.run.seed
+    optim = to_dict(cfg.optim)
+    return {
+        "vocabulary": {
+            "languages": f"{manifest.source_lang}-{manifest.target_lang}",
+            **{f"SentencePiece model {name}": manifest.checksums.get(name, "?") for name in spm_files},
+        },
+        "model": {
+            option_name(k): v for k, v in to_dict(model_cfg).items() if k not in MODEL_OPTIONS_FREE_TO_CHANGE
+        },
+        "training data": {
+            **{f"{name}": manifest.checksums.get(name, "?") for name in train_files},
+            **{f"samples in {split}": manifest.split(split).num_samples for split in cfg.data.train_subsets},
+        },
+        "batch sequence": batching,
+        "optimizer": {option_name(k): optim[k] for k in ("optimizer", "adam_betas", "adam_eps", "weight_decay")},
+        "learning-rate schedule": {
+            **{option_name(k): optim[k] for k in (
+                "lr", "lr_scheduler", "warmup_updates", "warmup_init_lr", "min_lr", "lr_scaling",
+                "lr_scaling_reference", "lr_scaling_by",
+            )},
+            "--max-update": cfg.run.max_update if cfg.optim.lr_scheduler == "cosine" else None,
+        },
+    }
+
+
+def identity_differences(saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Per group, one line per item that differs: ``--max-tokens: 4096 in the checkpoint, 2048 now``."""
+    differences: dict[str, list[str]] = {}
+    for group, items in current.items():
+        before = saved.get(group, {})
+        for item in sorted(set(items) | set(before)):
+            old, new = before.get(item, "(none)"), items.get(item, "(none)")
+            if _plain(old) != _plain(new):
+                differences.setdefault(group, []).append(f"{item}: {old!r} in the checkpoint, {new!r} now")
+    return differences
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def check_identity(path: str, saved: dict[str, Any] | None, current: dict[str, Any], cfg: CheckpointConfig) -> None:
+    """ValueError listing, one line per item, what differs between ``path``'s run and this one and
+    no --reset-* flag of ``cfg`` accepts."""
+    if saved is None:
+        logger.warning("%s records no run identity (an older checkpoint): options not checked", path)
+        return
+    accepted = {
+        "--reset-dataloader": cfg.reset_dataloader,
+        "--reset-optimizer": cfg.reset_optimizer,
+        "--reset-lr-scheduler": cfg.reset_lr_scheduler,
+    }
+    refused = []
+    for group, lines in identity_differences(saved, current).items():
+        flag = IDENTITY_RESETS[group]
+        if flag is not None and accepted[flag]:
+            logger.info("%s: %s accepts the changed %s (%s)", path, flag, group, "; ".join(lines))
+            continue
+        advice = f"pass {flag} to accept it" if flag else "it cannot change under the same weights"
+        refused += [f"  {group}: {line} ({advice})" for line in lines]
+    if refused:
+        raise ValueError(
+            f"{path}: cannot resume: the checkpoint's run differs from this one:\n" + "\n".join(refused)
+            + "\nuse the checkpoint's options, a new --save-dir, or the --reset-* flag named"
+        )
+
+
+def lock_save_dir(save_dir: str, *, is_main: bool) -> DirectoryLock | None:
+    """One run per --save-dir: rank 0 holds the lock for the whole run; every rank stops if it
+    cannot have it."""
+    lock = DirectoryLock(save_dir, purpose="nmt-train run") if is_main else None
+    problem = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except (ValueError, OSError) as error:
+            problem = str(error)
+    problem = dist.broadcast_object(problem)
+    if problem is not None:
+        raise ValueError(f"--save-dir {problem}")
+    return lock
+
+
+def provenance() -> dict[str, Any]:
+    """How a checkpoint was made: the command line, the versions, the code's git revision if known."""
+    versions = {"python": platform.python_version()}
+    for package in ("nmt", "torch", "sentencepiece", "sacrebleu", "numpy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "command_line": list(sys.argv),
+        "versions": versions,
+        "git_revision": _git_revision(),
+        "host": platform.node(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+
+
+def _git_revision() -> str | None:
+    """The revision of the checkout this code runs from (an installed release has none)."""
+    source = os.path.dirname(os.path.abspath(__file__))
+    try:
+        result = subprocess.run(
+            ["git", "-C", source, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+        dirty = subprocess.run(["git", "-C", source, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() + ("-dirty" if dirty else "")
+
+
 class Checkpointer:
     """Writes the run's checkpoints (rank 0) and finds the one to resume from."""
 
     def __init__(self, cfg: CheckpointConfig, *, is_main: bool) -> None:
         self.cfg = cfg
         self.is_main = is_main
-        if is_main and os.path.isdir(cfg.save_dir):
-            for name in remove_stale_temporaries(cfg.save_dir):
+
+    def remove_stale_temporaries(self) -> None:
+        """Temporaries of saves killed before their rename (call while holding the directory's lock)."""
+        if self.is_main and os.path.isdir(self.cfg.save_dir):
+            for name in remove_stale_temporaries(self.cfg.save_dir):
                 logger.info("removed %s, left by a save that was killed", name)
 
-    def names(self, *, epoch: int, num_updates: int, end_of_epoch: bool, is_best: bool) -> list[str]:
-        """The files this save writes: the first is written, the others are links to it."""
-        names = [LAST]
-        numbered = (end_of_epoch and not self.cfg.no_epoch_checkpoints) or (
-            not end_of_epoch and self.cfg.save_interval_updates > 0
+    def names(self, *, epoch: int, num_updates: int, end_of_epoch: bool, is_best: bool, last: bool = True) -> list[str]:
+        """The files this save writes (the first is written, the others are links to it); ``epoch``
+        1-based, as the logs count: the epoch that ended, or the one in progress."""
+        names = [LAST] if last else []
+        numbered = (
+            end_of_epoch and not self.cfg.no_epoch_checkpoints and epoch % self.cfg.save_interval == 0
+        ) or (
+            not end_of_epoch and self.cfg.save_interval_updates > 0 and num_updates % self.cfg.save_interval_updates == 0
         )
         if numbered:
             names.insert(0, numbered_name(epoch=epoch, num_updates=num_updates, end_of_epoch=end_of_epoch))
@@ -108,17 +265,27 @@ class Checkpointer:
         dist.barrier()
 
     def rotate(self) -> list[str]:
-        """Delete numbered checkpoints beyond the ``keep_last`` newest."""
-        if self.cfg.keep_last < 0:
-            return []
-        stale = numbered_checkpoints(self.cfg.save_dir)[self.cfg.keep_last :]
-        for path in stale:
+        """Delete numbered checkpoints beyond the newest --keep-last (of both kinds),
+        --keep-last-epochs and --keep-interval-updates."""
+        numbered = numbered_checkpoints(self.cfg.save_dir)  # newest first
+        stale: set[str] = set()
+        for kind, keep in ((None, self.cfg.keep_last), (EPOCH_CHECKPOINT, self.cfg.keep_last_epochs),
+                           (UPDATE_CHECKPOINT, self.cfg.keep_interval_updates)):
+            if keep >= 0:
+                paths = [p for p in numbered if kind is None or kind.fullmatch(os.path.basename(p))]
+                stale.update(paths[keep:])
+        for path in sorted(stale):
             os.remove(path)
-        return stale
+        return sorted(stale)
 
-    def load_last(self) -> dict[str, Any] | None:
+    def load_last(self) -> tuple[str, dict[str, Any]] | None:
+        """(path, state) to resume from: the run's own checkpoint_last.pt, else --restore-file."""
         path = os.path.join(self.cfg.save_dir, LAST)
-        return load_checkpoint(path) if os.path.isfile(path) else None
+        if os.path.isfile(path):
+            return path, load_checkpoint(path)
+        if self.cfg.restore_file:
+            return self.cfg.restore_file, load_checkpoint(self.cfg.restore_file)
+        return None
 
 
 def _link_atomically(source: str, target: str, state: dict[str, Any]) -> None:

@@ -20,7 +20,8 @@ from nmt.config import ModelConfig, from_dict
 from nmt.data.batching import greedy_offsets
 from nmt.data.collate import Sample, collate
 from nmt.data.manifest import Manifest
-from nmt.data.plan import DifficultyScorer, truncate
+from nmt.data.difficulty import DifficultyScorer
+from nmt.data.plan import truncate
 from nmt.data.spm import BOS_ID, PAD_ID
 from nmt.model import build_model
 

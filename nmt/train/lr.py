@@ -109,6 +109,19 @@ class VariableBatchSizeLR:
     def get_last_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 
+    def fast_forward(self, num_updates: int) -> None:
+        """Move the base schedule on to update ``num_updates`` (a fresh schedule in a resumed run),
+        as if it had been stepped that often at the reference batch size."""
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            for _ in range(num_updates):
+                self.base.step()
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr * self.last_scale
+
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.state_dict(), "reference": self.reference, "base_lrs": list(self.base_lrs), "last_scale": self.last_scale}
 

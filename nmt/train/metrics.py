@@ -21,8 +21,18 @@ class MetricsLog:
         self.cfg = cfg
         self.enabled = enabled
         self.writer = None
+        self.log_file = None
+        if enabled and cfg.log_file:
+            # Every log line of the run goes there too (the records and the messages).
+            handler = logging.FileHandler(cfg.log_file, encoding="utf-8")
+            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+            logging.getLogger().addHandler(handler)
+            self.log_file = handler
         if tensorboard and cfg.tensorboard_logdir:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+            except ImportError:  # an optional dependency (the tensorboard extra)
+                raise ValueError("--tensorboard-logdir: the tensorboard package is not installed (pip install 'nmt[tensorboard]')") from None
 
             self.writer = SummaryWriter(cfg.tensorboard_logdir)
         self._window = _Window()
@@ -33,7 +43,12 @@ class MetricsLog:
             return
         record = {"update": update, "epoch": epoch, **values}
         if self.cfg.log_format == "json":
-            print(json.dumps({"kind": prefix, **record}), flush=True)
+            # "time": wall clock, Unix seconds (nmt-plot draws against it)
+            line = json.dumps({"kind": prefix, **record, "time": round(time.time(), 3)})
+            print(line, flush=True)
+            if self.log_file is not None:
+                self.log_file.stream.write(line + "\n")
+                self.log_file.flush()
         else:
             text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
             logger.info("%s | %s", prefix, text)
@@ -59,6 +74,9 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.log_file is not None:
+            logging.getLogger().removeHandler(self.log_file)
+            self.log_file.close()
 
 
 class _Window:

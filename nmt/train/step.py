@@ -63,8 +63,9 @@ class UpdateStep:
         self.cfg = cfg
         self.device = device
         self.precision = precision
-        # Fused Adam: one kernel over all parameters instead of ~10 elementwise ops per tensor.
-        self.optimizer = torch.optim.Adam(
+        # Adam with decoupled weight decay, as fairseq's adam; fused: one kernel over all parameters
+        # instead of ~10 elementwise ops per tensor.
+        self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay, fused=True,
         )
@@ -181,8 +182,14 @@ class UpdateStep:
             "skipped_updates": self.skipped_updates,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["lr_scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+    def load_state_dict(self, state: dict[str, Any], *, optimizer: bool = True, lr_scheduler: bool = True, num_updates: int = 0) -> None:
+        """``optimizer=False``: keep the fresh optimizer (--reset-optimizer); ``lr_scheduler=False``:
+        keep the fresh schedule, moved on to ``num_updates`` (--reset-lr-scheduler)."""
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+        if lr_scheduler:
+            self.scheduler.load_state_dict(state["lr_scheduler"])
+        else:
+            self.scheduler.fast_forward(num_updates)
         self.skipped_updates = int(state["skipped_updates"])

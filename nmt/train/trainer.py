@@ -22,9 +22,20 @@ from tqdm import tqdm
 from nmt import dist
 from nmt.config import ModelConfig, TrainConfig, to_dict
 from nmt.data.manifest import Manifest
-from nmt.data.plan import DifficultyScorer, TrainingDataPlan
+from nmt.data.difficulty import DifficultyScorer
+from nmt.data.plan import TrainingDataPlan
 from nmt.model import build_model
-from nmt.train.checkpoint import Checkpointer, read_vocab, rng_state, set_rng_state
+from nmt.checkpoint_io import BEST, LAST
+from nmt.train.checkpoint import (
+    Checkpointer,
+    check_identity,
+    lock_save_dir,
+    provenance,
+    read_vocab,
+    rng_state,
+    run_identity,
+    set_rng_state,
+)
 from nmt.train.compile import CompiledModel, compile_for_shapes
 from nmt.train.metrics import MetricsLog
 from nmt.train.parallel import Session, resolve_device, wrap_data_parallel
@@ -84,12 +95,15 @@ class Trainer:
         self.session = session or Session(device=resolve_device(cfg.run.device, local_rank=0))
         self.bleu_validator = bleu_validator
         device = self.session.device
+        self.lock = lock_save_dir(cfg.checkpoint.save_dir, is_main=self.session.is_main)
         self.plan = TrainingDataPlan(
             cfg.data, seed=cfg.run.seed, rank=self.session.rank, world_size=self.session.world_size,
             static_shapes=cfg.run.compile, max_positions=(model_cfg.max_source_positions, model_cfg.max_target_positions),
             cache_dir=cfg.checkpoint.save_dir, manifest=manifest, scorer=scorer,
         )
         self.vocab = read_vocab(self.plan.manifest)  # once: every checkpoint carries it
+        self.identity = run_identity(cfg, model_cfg, self.plan.manifest)
+        self.provenance = provenance()
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
         self.model = build_model(model_cfg).to(device)
         precision = torch.bfloat16 if cfg.run.bf16 else torch.float16 if cfg.run.fp16 else None
@@ -104,6 +118,9 @@ class Trainer:
         self.state = TrainState()
         self.compiled: CompiledModel | None = None
         self.started = time.perf_counter()
+        if precision is not None and device.type == "cpu" and self.metrics.enabled:
+            logger.warning("--%s on a CPU: autocast there is slower than float32 (up to 4x measured); "
+                           "it is meant for GPUs", "bf16" if cfg.run.bf16 else "fp16")
         if self.metrics.enabled:
             logger.info(
                 "rank %d/%d on %s | %d training pairs in %s | model %s: %.2fM parameters | attention backend %s",
@@ -112,9 +129,22 @@ class Trainer:
                 sum(p.numel() for p in self.model.parameters()) / 1e6, self.model.backend(device),
             )
 
+    def close(self) -> None:
+        self.metrics.close()
+        self.plan.close()
+        if self.lock is not None:
+            self.lock.release()
+
     # ----------------------------------------------------------------------------- the run
     def train(self) -> TrainState:
+        try:
+            return self.run()
+        finally:
+            self.close()
+
+    def run(self) -> TrainState:
         cfg = self.cfg
+        self.checkpoints.remove_stale_temporaries()
         self.resume()
         if cfg.run.compile:
             assert self.plan.static is not None
@@ -132,55 +162,52 @@ class Trainer:
                 stop_reason = self.train_epoch(stop_signal)
                 if stop_reason is None:
                     self.plan.end_epoch()
-                    is_best, patience_stop = self.validate()
-                    self.save(end_of_epoch=True, is_best=is_best)
-                    if patience_stop:
+                    self.save(end_of_epoch=True)
+                    if self.plan.epoch % cfg.checkpoint.validate_interval == 0 and self.validate_and_save():
                         stop_reason = self.patience_reason()
         if self.metrics.enabled:
             logger.info("done: %s (%d updates, %.1f min)", stop_reason, self.state.num_updates, (time.perf_counter() - self.started) / 60)
-        self.metrics.close()
-        self.plan.close()
         return self.state
 
     def train_epoch(self, stop_signal: StopSignal) -> str | None:
         """Run the rest of the current epoch; a stop reason, or None when the epoch ended."""
-        cfg = self.cfg
         info = self.plan.begin_epoch()
         if info.blend_counts:
             self.log(info.blend_counts, prefix="blend")
-        progress = tqdm(
+        with tqdm(
             total=info.num_updates, initial=info.first_update, desc=f"epoch {info.epoch + 1}", unit="upd",
-            disable=not self.session.is_main, dynamic_ncols=True, mininterval=2.0, leave=False,
-        )
-        for update in self.plan.updates():
-            stats = self.step(update)
-            self.state.num_updates += 1
-            progress.update(1)
-            extra = {"loss_scale": self.step.scaler.get_scale() if cfg.run.fp16 else 1.0, "skipped": self.step.skipped_updates}
-            record = self.metrics.record_update(stats, update=self.state.num_updates, epoch=info.epoch + 1, extra=extra)
-            if record is not None:
-                progress.set_postfix(loss=f"{stats.loss:.3f}", wps=f"{record['wps']:.0f}")
-
-            reason = self.stop_reason_after_update(stop_signal)
-            at_end = self.plan.updates_done == info.num_updates  # the epoch end validates and saves anyway
-            every = cfg.checkpoint.validate_interval_updates
-            interval_validation = bool(every) and self.state.num_updates % every == 0 and not at_end
-            # A run that ends here (--max-update, --stop-time-hours) validates its last update, as
-            # fairseq does: checkpoint_best.pt then exists however short the run. A signal stops
-            # without that wait.
-            is_best = False
-            if interval_validation or (reason is not None and reason != STOPPED_BY_SIGNAL):
-                is_best, patience_stop = self.validate()
-                reason = reason or (self.patience_reason() if patience_stop else None)
-            every = cfg.checkpoint.save_interval_updates
-            interval_save = bool(every) and self.state.num_updates % every == 0 and not at_end
-            if reason or is_best or interval_save:
-                self.save(end_of_epoch=False, is_best=is_best)
-            if reason:
-                progress.close()
-                return reason
-        progress.close()
+            disable=not self.session.is_main or self.cfg.logging.no_progress_bar, dynamic_ncols=True,
+            mininterval=2.0, leave=False,
+        ) as progress:
+            for update in self.plan.updates():
+                stats = self.step(update)
+                self.state.num_updates += 1
+                progress.update(1)
+                extra = {"loss_scale": self.step.scaler.get_scale() if self.cfg.run.fp16 else 1.0,
+                         "skipped": self.step.skipped_updates}
+                record = self.metrics.record_update(stats, update=self.state.num_updates, epoch=info.epoch + 1, extra=extra)
+                if record is not None:
+                    progress.set_postfix(loss=f"{stats.loss:.3f}", wps=f"{record['wps']:.0f}")
+                reason = self.after_update(stop_signal, at_end=self.plan.updates_done == info.num_updates)
+                if reason:
+                    return reason
         return None
+
+    def after_update(self, stop_signal: StopSignal, *, at_end: bool) -> str | None:
+        """Validate and save when due (the epoch's end does both anyway: ``at_end``); a stop reason."""
+        cfg = self.cfg.checkpoint
+        reason = self.stop_reason_after_update(stop_signal)
+        interval_validation = bool(cfg.validate_interval_updates) and self.state.num_updates % cfg.validate_interval_updates == 0
+        # A run that ends here (--max-update, --stop-time-hours) validates its last update, as
+        # fairseq does: checkpoint_best.pt then exists however short the run. A signal stops
+        # without that wait.
+        validating = (interval_validation and not at_end) or (reason is not None and reason != STOPPED_BY_SIGNAL)
+        interval_save = bool(cfg.save_interval_updates) and self.state.num_updates % cfg.save_interval_updates == 0
+        if reason or validating or (interval_save and not at_end):
+            self.save(end_of_epoch=False)
+        if validating and self.validate_and_save():
+            reason = reason or self.patience_reason()
+        return reason
 
     def stop_reason_after_update(self, stop_signal: StopSignal) -> str | None:
         run = self.cfg.run
@@ -200,6 +227,13 @@ class Trainer:
         return f"no improvement in {patience + 1} validations (--patience {patience})"
 
     # ----------------------------------------------------------------------------- validation
+    def validate_and_save(self) -> bool:
+        """Validate (the state is saved just before, so a crash here loses nothing), then save the
+        outcome (checkpoint_last.pt, checkpoint_best.pt when it is the best); True: --patience stops."""
+        is_best, patience_stop = self.validate()
+        self.save(end_of_epoch=False, is_best=is_best, numbered=False)
+        return patience_stop
+
     def validate(self) -> tuple[bool, bool]:
         """Validation loss (and BLEU); (is this the best model so far, should --patience stop)."""
         if self.plan.valid is None:
@@ -224,10 +258,15 @@ class Trainer:
         self.metrics.log(values, prefix=prefix, update=self.state.num_updates, epoch=self.plan.epoch + 1)
 
     # ----------------------------------------------------------------------------- checkpoints
-    def save(self, *, end_of_epoch: bool, is_best: bool = False) -> None:
+    def save(self, *, end_of_epoch: bool, is_best: bool = False, numbered: bool = True) -> None:
+        """checkpoint_last.pt, and the numbered and best names that are due. ``end_of_epoch``: after
+        ``plan.end_epoch()``, so the plan's epoch counts the epochs done."""
+        epoch = self.plan.epoch if end_of_epoch else self.plan.epoch + 1  # 1-based, as logged
         names = self.checkpoints.names(
-            epoch=self.plan.epoch, num_updates=self.state.num_updates, end_of_epoch=end_of_epoch, is_best=is_best
+            epoch=epoch, num_updates=self.state.num_updates, end_of_epoch=end_of_epoch, is_best=is_best
         )
+        if not numbered:
+            names = [name for name in names if name in (LAST, BEST)]
         self.checkpoints.save(self.checkpoint_state() if self.session.is_main else {}, names)
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -241,22 +280,34 @@ class Trainer:
             "rng": rng_state(),
             "epoch": self.plan.epoch,
             **dataclasses.asdict(self.state),
+            "run_identity": self.identity,
+            "provenance": self.provenance,
         }
 
     def resume(self) -> bool:
-        state = self.checkpoints.load_last()
-        if state is None:
+        """Continue from checkpoint_last.pt (or start from --restore-file): what differs from the
+        checkpoint's run is refused, one line per item, unless a --reset-* flag accepts it."""
+        found = self.checkpoints.load_last()
+        if found is None:
             return False
+        path, state = found
+        resets = self.cfg.checkpoint
+        check_identity(path, state.get("run_identity"), self.identity, resets)
         self.model.load_state_dict(state["model"])
-        self.step.load_state_dict(state)
-        self.plan.load_state_dict(state["data_plan"])
-        set_rng_state(state["rng"])
-        self.state = TrainState(
-            num_updates=int(state["num_updates"]), best=state["best"], bad_validations=int(state["bad_validations"])
+        self.step.load_state_dict(
+            state, optimizer=not resets.reset_optimizer, lr_scheduler=not resets.reset_lr_scheduler,
+            num_updates=int(state["num_updates"]),
         )
+        set_rng_state(state["rng"])
+        num_updates = int(state["num_updates"])
+        if resets.reset_dataloader:
+            self.plan.load_state_dict({"epoch": 0, "epoch_start_update": num_updates, "updates_done": 0})
+        else:
+            self.plan.load_state_dict(state["data_plan"])
+        self.state = TrainState(num_updates=num_updates)
+        if not resets.reset_meters:
+            self.state.best, self.state.bad_validations = state["best"], int(state["bad_validations"])
         if self.metrics.enabled:
-            logger.info(
-                "resumed from %s/checkpoint_last.pt: epoch %d, update %d, update %d of the epoch",
-                self.cfg.checkpoint.save_dir, self.plan.epoch + 1, self.state.num_updates, self.plan.updates_done,
-            )
+            logger.info("resumed from %s: epoch %d, update %d, update %d of the epoch",
+                        path, self.plan.epoch + 1, self.state.num_updates, self.plan.updates_done)
         return True

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from nmt.config import EvalConfig, ModelConfig
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
 from nmt.eval import Translator, generate
+from nmt.eval.ensemble import Ensemble
 from nmt.eval.search import _beam_search, max_target_lengths
 from nmt.model import build_model
 
@@ -80,10 +81,11 @@ def test_beam_1_equals_greedy(tiny) -> None:
     src, src_lengths = translator._collate(sources, np.array([len(s) for s in sources]))
     cfg = EvalConfig(beam=1)
     greedy = generate(translator.model, src, src_lengths, cfg)
+    ensemble = Ensemble([translator.model])
     with torch.inference_mode():
-        state = translator.model.init_decoder_state(translator.model.encode(src, src_lengths))
-        max_len = max_target_lengths(src_lengths.numpy(), cfg, max_positions=translator.model.cfg.max_target_positions)
-        beam = _beam_search(translator.model, state, max_len, cfg, device=src.device)
+        state = ensemble.start(src, src_lengths)
+        max_len = max_target_lengths(src_lengths.numpy(), cfg, max_positions=ensemble.max_target_positions)
+        beam = _beam_search(ensemble, state, max_len, cfg, device=src.device)
     assert [h[0].tokens for h in beam] == [h[0].tokens for h in greedy]
     np.testing.assert_allclose([h[0].score for h in beam], [h[0].score for h in greedy], rtol=1e-5)
 

@@ -60,7 +60,7 @@ def test_averaging_identical_checkpoints_gives_the_same_model(tiny, tmp_path) ->
     assert averaged.keys() == single.keys()
     for name, tensor in single.items():
         assert averaged[name].dtype == tensor.dtype and torch.equal(averaged[name], tensor), name
-    both = Translator.from_checkpoint([tiny.checkpoint, copy])
+    both = Translator.from_checkpoint([tiny.checkpoint, copy], average=True)
     assert both.translate(tiny.test_src[:5]) == Translator.from_checkpoint(tiny.checkpoint).translate(tiny.test_src[:5])
 
 

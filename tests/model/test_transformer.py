@@ -200,6 +200,35 @@ def test_incremental_decoding_equals_full_forward(normalize_before: bool) -> Non
             prev, expected = prev[swap], expected[swap]
 
 
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_recorded_cross_attention_is_the_same_teacher_forced_and_step_by_step(normalize_before: bool) -> None:
+    """The alignment layer's attention: rows of probabilities over the real source tokens only, the
+    same whether the target is fed at once or one step at a time (beams reordered in between)."""
+    cfg = small_config(decoder_normalize_before=normalize_before)
+    model = seeded_model(cfg).eval()
+    batch = make_batch([5, 2, 7], [6, 6, 6], seed=4)
+    with torch.no_grad():
+        plain = model(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
+        with model.recording_cross_attention() as recorded:
+            states = model(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
+        torch.testing.assert_close(states, plain, rtol=0, atol=0)  # recording changes no output
+        (full,) = recorded  # (B, T, S)
+        assert full.shape == (3, 6, 7)
+        torch.testing.assert_close(full.sum(-1), torch.ones(3, 6))
+        assert torch.all(full[1, :, 2:] == 0) and torch.all(full[0, :, 5:] == 0)  # padding gets nothing
+        state = model.init_decoder_state(model.encode(batch.src, batch.src_lengths))
+        swap = torch.tensor([2, 0, 1])
+        prev, expected = batch.prev, full
+        with model.recording_cross_attention() as steps:
+            for step in range(prev.shape[1]):
+                model.decode_step(prev[:, step], state)
+                torch.testing.assert_close(steps[-1][:, 0], expected[:, step], atol=1e-5, rtol=1e-5)
+                state.reorder(swap)
+                prev, expected = prev[swap], expected[swap]
+        model.decode_step(prev[:, 0], state)
+        assert len(steps) == prev.shape[1]  # the hook is gone after the block
+
+
 def test_state_reorder_expands_beams() -> None:
     model = seeded_model(small_config()).eval()
     batch = make_batch([4, 3], [3, 3], seed=5)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt.data import ParallelCorpus, load_manifest
-from nmt.data.plan import SCORE_CHUNK
+from nmt.data.difficulty import SCORE_CHUNK
 from nmt.train.difficulty import checkpoint_scorer
 
 from .conftest import parse_log, run_subprocess, train_command
