@@ -46,12 +46,12 @@ class ServeConfig:
     """Limits and batching of the service (``nmt-serve`` makes its options from these fields)."""
 
     max_body_bytes: int = opt(1 << 20, "a request body over this many bytes is refused (413) before it is parsed")
-    max_sentences: int = opt(128, "sentences per request (the lines of all its texts)")
+    max_request_sentences: int = opt(128, "sentences per request (the lines of all its texts)")
     max_batch_tokens: int = opt(4096, "source tokens (EOS included) gathered into one decode; a bigger request goes alone")
     max_wait_ms: float = opt(5.0, "how long the oldest queued request waits for others to share its decode")
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_sentences", "max_batch_tokens"):
+        for name in ("max_body_bytes", "max_request_sentences", "max_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{option_name(name)}: must be >= 1, got {getattr(self, name)}")
         if self.max_wait_ms < 0:
@@ -197,7 +197,7 @@ def parse_request(body: bytes, *, source_lang: str, target_lang: str, max_senten
     lines = [text.split("\n") for text in texts]  # one sentence per line: "\n" only
     num_sentences = sum(len(text_lines) for text_lines in lines)
     if num_sentences > max_sentences:
-        raise RequestError(400, f"too many sentences: {num_sentences} in one request, at most {max_sentences}")
+        raise RequestError(400, f"too many sentences: {num_sentences} in one request, at most {max_sentences} (--max-request-sentences)")
     return lines, is_list
 
 
@@ -243,7 +243,7 @@ def create_app(translator: Translator, cfg: ServeConfig, *, source_lang: str, ta
     async def translate(request: Request) -> Response:
         try:
             body = await read_body(request, limit=cfg.max_body_bytes)
-            lines, is_list = parse_request(body, source_lang=source_lang, target_lang=target_lang, max_sentences=cfg.max_sentences)
+            lines, is_list = parse_request(body, source_lang=source_lang, target_lang=target_lang, max_sentences=cfg.max_request_sentences)
         except RequestError as error:
             return JSONResponse({"error": error.message}, status_code=error.status)
         except ClientDisconnect:

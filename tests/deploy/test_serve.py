@@ -46,7 +46,7 @@ def test_parse_request_shapes_and_one_line_errors() -> None:
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
     """A torch-backed server with small limits, so that over-limit requests are cheap to make."""
-    with serve(tiny.checkpoint, "--max-sentences", "40", "--max-body-bytes", "4096", "--max-wait-ms", "20",
+    with serve(tiny.checkpoint, "--max-request-sentences", "40", "--max-body-bytes", "4096", "--max-wait-ms", "20",
                log_dir=tmp_path_factory.mktemp("serve")) as running:
         yield running
 
