@@ -122,6 +122,15 @@ class CT2Model:
     def eval(self) -> CT2Model:
         return self  # inference only, like a torch module in eval mode
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Forced decoding (a teacher-forced forward) is what the export leaves out."""
+        raise ValueError(
+            f"{self.name}: scoring given targets (--format fairseq, --print-alignment, --score-reference) "
+            "needs the PyTorch checkpoint; an exported directory only translates"
+        )
+
+    recording_cross_attention = __call__
+
     def generate_batch(self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
         """Sources (EOS last) cut to ``lengths`` -> n-best hypotheses each; sentences that ran past their
         own length limit go again under it."""

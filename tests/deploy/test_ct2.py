@@ -194,6 +194,10 @@ def test_a_parameter_the_exporter_does_not_know_is_refused(tiny) -> None:
 
 
 def test_directory_errors_name_the_directory(tiny, exported, tmp_path, monkeypatch) -> None:
+    theirs = Translator.from_checkpoint(exported)
+    sources = theirs.encode(tiny.test_src[:2])
+    with pytest.raises(ValueError, match="needs the PyTorch checkpoint"):
+        theirs.score_targets(sources, [list(source[:-1]) for source in sources])
     with pytest.raises(ValueError, match="not one written by nmt-export"):
         Translator.from_checkpoint(str(tmp_path))
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
