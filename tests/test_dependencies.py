@@ -1,5 +1,5 @@
-"""DESIGN.md's one-way dependencies: cli -> train, eval -> model, data -> config, dist, checkpoint_io,
-fileio; and no import cycle between any two modules of nmt."""
+"""DESIGN.md's one-way dependencies: cli -> deploy -> eval; cli -> train, eval -> model, data -> config,
+dist, checkpoint_io, fileio; and no import cycle between any two modules of nmt."""
 
 import ast
 import pathlib
@@ -8,15 +8,16 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORBIDDEN = {
-    "nmt/model": ("nmt.data", "nmt.train", "nmt.eval", "nmt_cli"),
-    "nmt/data": ("nmt.model", "nmt.train", "nmt.eval", "nmt_cli"),
-    "nmt/eval": ("nmt.train", "nmt_cli"),
-    "nmt/train": ("nmt.eval", "nmt_cli"),
-    "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "torch"),
-    "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval"),
-    "nmt/checkpoint_io.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt_cli"),
-    "nmt/plot.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt_cli", "torch"),
-    "nmt/fileio.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "torch"),
+    "nmt/model": ("nmt.data", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/data": ("nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/eval": ("nmt.train", "nmt.deploy", "nmt_cli"),
+    "nmt/train": ("nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/deploy": ("nmt.train", "nmt_cli"),
+    "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
+    "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy"),
+    "nmt/checkpoint_io.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
+    "nmt/plot.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli", "torch"),
+    "nmt/fileio.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
 }
 
 

@@ -54,6 +54,7 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
         names = [member.name.split("/", 1)[1] for member in archive.getmembers() if member.isfile()]
         archive.extractall(tmp_path / "unpacked", filter="data")
     sources = {name for name in files if name.endswith(".py") and name.split("/")[0] in ("nmt", "cli")}
+    sources |= {"nmt/deploy/static/index.html"}  # package data: nmt-serve's web page
     expected = sources | {"PKG-INFO", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tools/build_backend.py"}
     assert sorted(names) == sorted(expected)  # no egg-info, setup.cfg, tests, data, benchmarks...
 
@@ -62,9 +63,9 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
         contents = set(archive.namelist())
         metadata = archive.read(next(n for n in contents if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = archive.read(next(n for n in contents if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert {"nmt_cli/eval.py", "nmt_cli/plot.py", "nmt/plot.py", "nmt/eval/ensemble.py"} <= contents
+    assert {"nmt_cli/eval.py", "nmt_cli/plot.py", "nmt/plot.py", "nmt/eval/ensemble.py", "nmt/deploy/static/index.html"} <= contents
     assert not any(name.startswith(("cli/", "tests/", "tools/")) for name in contents)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: plot" in metadata
     assert "Requires-Dist: tensorboard" in metadata and "extra == \"tensorboard\"" in metadata  # optional, not core
-    for command in ("nmt-preprocess", "nmt-train", "nmt-eval", "nmt-plot"):
+    for command in ("nmt-preprocess", "nmt-train", "nmt-eval", "nmt-plot", "nmt-export", "nmt-serve"):
         assert f"{command} = nmt_cli." in entry_points

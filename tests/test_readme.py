@@ -9,12 +9,14 @@ TORCHRUN_FLAGS = {"--nproc_per_node", "--max-restarts", "--rdzv-backend", "--rdz
 
 def parser_options():
     from nmt_cli.eval import build_parser as eval_parser
+    from nmt_cli.export import build_parser as export_parser
     from nmt_cli.plot import build_parser as plot_parser
     from nmt_cli.preprocess import build_parser as preprocess_parser
+    from nmt_cli.serve import build_parser as serve_parser
     from nmt_cli.train import build_parser as train_parser
 
     options = set()
-    for parser in (preprocess_parser(), train_parser(), eval_parser(), plot_parser()):
+    for parser in (preprocess_parser(), train_parser(), eval_parser(), plot_parser(), export_parser(), serve_parser()):
         for action in parser._actions:
             options.update(action.option_strings)
     return options

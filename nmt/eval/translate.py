@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from nmt.eval.ensemble import Ensemble
 from nmt.eval.score import Score, score
 from nmt.eval.search import Hypothesis, generate
 from nmt.model import TransformerModel, build_model
+
+if TYPE_CHECKING:
+    from nmt.eval.ct2_model import CT2Model
 
 logger = logging.getLogger(__name__)
 UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a batch
@@ -131,16 +135,18 @@ class Translator:
 
     def __init__(
         self,
-        model: TransformerModel | Sequence[TransformerModel],
+        model: TransformerModel | Sequence[TransformerModel] | CT2Model,
         *,
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         config: EvalConfig | None = None,
     ) -> None:
-        self.models = [model.eval()] if isinstance(model, TransformerModel) else [m.eval() for m in model]
+        self.models = [m.eval() for m in model] if isinstance(model, Sequence) else [model.eval()]
         self.model = self.models[0]
         self.ensemble = Ensemble(self.models)
-        self.device = next(self.model.parameters()).device
+        # A CT2Model (an nmt-export directory) runs its own search; the host device then only holds
+        # the sampling generator, which CTranslate2 does not use.
+        self.device = next(self.model.parameters()).device if isinstance(self.model, TransformerModel) else torch.device("cpu")
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.config = EvalConfig() if config is None else config
@@ -157,12 +163,18 @@ class Translator:
     ) -> Translator:
         """One checkpoint, or several: an ensemble (fairseq's ``--path a.pt:b.pt``), or with
         ``average`` one model with their weights averaged. ``device``: also "auto" (CUDA when
-        available). ``dtype``: e.g. float16 weights on CUDA."""
+        available). ``dtype``: e.g. float16 weights on CUDA. A directory written by ``nmt-export
+        --format ctranslate2`` gives a Translator that decodes with CTranslate2."""
         paths = [path] if isinstance(path, str) else list(path)
         if not paths:
             raise ValueError("--path: no checkpoint given")
         if isinstance(device, str):
             device = resolve_device(device)
+        if len(paths) == 1 and os.path.isdir(paths[0]):
+            from nmt.eval.ct2_model import CT2Model  # lazy: ctranslate2 is an optional extra
+
+            exported = CT2Model.load(paths[0], device=device)
+            return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
         if average or len(paths) == 1:
             named_states = [(paths[0], load_averaged_checkpoint(paths))]
         else:
@@ -216,11 +228,20 @@ class Translator:
         generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
         with tqdm(total=len(todo), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
             for indices in _batches(todo, lengths, lengths, cfg):
-                src_tokens, src_lengths = self._collate([sources[i] for i in indices], lengths[indices])
-                for index, nbest in zip(indices, generate(self.ensemble, src_tokens, src_lengths, cfg, generator=generator)):
+                nbests = self.generate_batch([sources[i] for i in indices], lengths[indices], cfg, generator=generator)
+                for index, nbest in zip(indices, nbests):
                     results[index] = nbest
                 bar.update(len(indices))
         return results
+
+    def generate_batch(
+        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
+    ) -> list[list[Hypothesis]]:
+        """One batch: sources (EOS last) cut to ``lengths`` (EOS kept) -> n-best hypotheses each."""
+        if not isinstance(self.model, TransformerModel):
+            return self.model.generate_batch(sources, lengths, cfg)
+        src_tokens, src_lengths = self._collate(sources, lengths)
+        return generate(self.ensemble, src_tokens, src_lengths, cfg, generator=generator)
 
     @torch.inference_mode()
     def score_targets(
