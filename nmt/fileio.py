@@ -118,6 +118,29 @@ def remove_stale_temporaries(directory: str) -> list[str]:
     return removed
 
 
+def check_destination(destination: str, *, replace: bool, option: str, replace_flag: str) -> None:
+    """ValueError unless ``destination`` is absent, empty, or may be replaced (``replace``)."""
+    if os.path.exists(destination) and not os.path.isdir(destination):
+        raise ValueError(f"{destination}: exists and is not a directory ({option})")
+    if os.path.isdir(destination) and os.listdir(destination) and not replace:
+        raise ValueError(f"{destination}: exists and is not empty; pass {replace_flag} to replace it ({option})")
+
+
+def install_directory(workdir: str, destination: str, *, replace: bool, option: str, replace_flag: str) -> None:
+    """Move a finished directory into place; an old one (``replace``) goes only after that. The
+    destination is checked again here: a lock keeps other nmt runs out, not other programs."""
+    import shutil
+
+    check_destination(destination, replace=replace, option=option, replace_flag=replace_flag)
+    previous = None
+    if os.path.isdir(destination):
+        previous = workdir + ".old"
+        os.rename(destination, previous)
+    os.rename(workdir, destination)
+    if previous:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
 def lock_path_beside(directory: str) -> str:
     """The lock file of a directory that gets replaced whole (a dataset): a hidden sibling."""
     parent, name = os.path.split(os.path.abspath(directory))

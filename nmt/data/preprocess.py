@@ -42,7 +42,15 @@ from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import MANIFEST_NAME, Manifest, PartEntry, SideEntry, SplitEntry, SpmEntry, load_manifest, sha256_files
 from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype, train_model
 from nmt.data.text import DataError, count_lines, decode_lines, iter_parallel_chunks, line_count_mismatch, resolve_text_file
-from nmt.fileio import describe_os_error, exclusive_lock, lock_path_beside, open_for_writing, write_all
+from nmt.fileio import (
+    check_destination,
+    describe_os_error,
+    exclusive_lock,
+    install_directory,
+    lock_path_beside,
+    open_for_writing,
+    write_all,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -526,24 +534,7 @@ def shard_of(cfg: PreprocessConfig) -> Shard:
 
 
 def _check_destdir(destdir: str, *, overwrite: bool) -> None:
-    if os.path.exists(destdir) and not os.path.isdir(destdir):
-        raise DataError(f"{destdir}: exists and is not a directory (--destdir)")
-    if os.path.isdir(destdir) and os.listdir(destdir) and not overwrite:
-        raise DataError(f"{destdir}: exists and is not empty; pass --overwrite to replace it (--destdir)")
-
-
-def _install(workdir: str, destdir: str, *, overwrite: bool) -> None:
-    """Move the finished dataset into place; an old one (with --overwrite) goes only after that.
-
-    Checked again here (the lock keeps other nmt runs out, not other programs)."""
-    _check_destdir(destdir, overwrite=overwrite)
-    previous = None
-    if os.path.isdir(destdir):
-        previous = workdir + ".old"
-        os.rename(destdir, previous)
-    os.rename(workdir, destdir)
-    if previous:
-        shutil.rmtree(previous, ignore_errors=True)
+    check_destination(destdir, replace=overwrite, option="--destdir", replace_flag="--overwrite")
 
 
 def _make_workdir(destdir: str) -> str:
@@ -653,7 +644,7 @@ def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: En
         )
         # The manifest goes last: a directory with a manifest is a complete one.
         manifest.write(workdir)
-        _install(workdir, destdir, overwrite=cfg.overwrite)
+        install_directory(workdir, destdir, replace=cfg.overwrite, option="--destdir", replace_flag="--overwrite")
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -37,10 +37,9 @@ from torch import nn
 
 from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
 from nmt.config import ModelConfig, from_dict, option_name, to_dict
-from nmt.data.preprocess import _install as install_directory
 from nmt.data.spm import BOS_ID, EOS_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel
 from nmt.eval.ct2_model import EXPORT_FORMAT, EXPORT_MANIFEST, EXPORT_VERSION, import_ctranslate2, pieces
-from nmt.fileio import atomic_write
+from nmt.fileio import atomic_write, check_destination, install_directory
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger(__name__)
@@ -190,10 +189,7 @@ def export_ctranslate2(
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization: must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     output_dir = os.path.abspath(output_dir)
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ValueError(f"{output_dir}: exists and is not a directory (--output-dir)")
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not force:
-        raise ValueError(f"{output_dir}: exists and is not empty; pass --force to replace it (--output-dir)")
+    check_destination(output_dir, replace=force, option="--output-dir", replace_flag="--force")
     name = ",".join(checkpoints)
     state = load_averaged_checkpoint(list(checkpoints))
     vocab = state["vocab"]
@@ -242,7 +238,7 @@ def export_ctranslate2(
         with atomic_write(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=2)
             handle.write("\n")
-        install_directory(workdir, output_dir)
+        install_directory(workdir, output_dir, replace=force, option="--output-dir", replace_flag="--force")
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -1,7 +1,6 @@
 import hashlib
 import json
 import os
-import random
 import signal
 import subprocess
 import sys

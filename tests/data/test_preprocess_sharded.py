@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from nmt.config import PreprocessConfig
-from nmt.data.batching import BatchingOptions, global_batches
+from nmt.config import BatchingConfig, PreprocessConfig
+from nmt.data.batching import global_batches
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.preprocess import preprocess
@@ -88,10 +88,10 @@ def test_parts_read_as_the_single_process_corpus(datasets):
         assert one.splits[split].num_lines == parts.splits[split].num_lines
     assert parts.splits["train"].filtered["blank_line"] == 2 and parts.splits["train"].filtered["too_long"] == 1
     for epoch in (1, 2):
-        options = BatchingOptions(max_tokens=200, seed=3)
+        cfg = BatchingConfig(max_tokens=200)
         a, b = ParallelCorpus(str(single), "train"), ParallelCorpus(str(sharded), "train")
-        x = global_batches(a.src_lengths, a.tgt_lengths, options, epoch=epoch)
-        y = global_batches(b.src_lengths, b.tgt_lengths, options, epoch=epoch)
+        x = global_batches(a.src_lengths, a.tgt_lengths, cfg, seed=3, epoch=epoch)
+        y = global_batches(b.src_lengths, b.tgt_lengths, cfg, seed=3, epoch=epoch)
         assert np.array_equal(x.indices, y.indices) and np.array_equal(x.starts, y.starts) and np.array_equal(x.ends, y.ends)
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import subprocess
 import sys
 import threading
 
-import numpy as np
 import pytest
 import sentencepiece
 import torch

@@ -2,7 +2,6 @@
 mean what they mean in fairseq."""
 
 import json
-import os
 
 import pytest
 import torch
