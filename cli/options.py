@@ -3,10 +3,10 @@ once, on its config field (``nmt.config.opt``), and the parser is built from it.
 
 A field ``max_tokens`` of a section stored under ``data.batching`` becomes ``--max-tokens`` with
 ``dest="data.batching.max_tokens"``; ``config_from_args`` rebuilds the nested dataclasses from the
-namespace. Types map to argparse as: bool -> a flag (``store_true``); ``tuple[float, float]`` -> two
-values (or fairseq's ``'(0.9, 0.98)'``); ``tuple[X, ...]`` -> one comma-separated value; ``list[str]``
--> comma-separated and repeatable; ``X | None`` -> X with default None; a positional field with a
-default is optional.
+namespace. Types map to argparse as: bool -> a flag (``store_true``; ``--X/--no-X`` for the model
+flags over a preset); ``tuple[float, float]`` -> two values (or fairseq's ``'(0.9, 0.98)'``);
+``tuple[X, ...]`` -> one comma-separated value; ``list[str]`` -> comma-separated and repeatable;
+``X | None`` -> X with default None; a positional field with a default is optional.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def add_config_arguments(
             kwargs["metavar"] = meta.get("metavar") or f.name.upper()
         if kind is bool:
             assert f.default is False, f"{cls.__name__}.{f.name}: boolean options default to False"
-            kwargs.update(action="store_const", const=True) if only_when_given else kwargs.update(action="store_true")
+            # A preset may turn a flag on (transformer_tiny shares its embeddings): --no-X turns it off.
+            kwargs.update(action=argparse.BooleanOptionalAction) if only_when_given else kwargs.update(action="store_true")
         elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             kwargs["type"] = _comma_list(args[0], option)
         elif origin is tuple:

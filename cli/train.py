@@ -58,17 +58,25 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
     )
     if train_cfg.run.arch not in ARCHS:
         raise ValueError(f"--arch: must be one of {', '.join(sorted(ARCHS))}, got {train_cfg.run.arch!r}")
+    explicit = config_values(ModelConfig, args, dest_prefix="model.")
+    if not manifest.spm.joint:
+        if explicit.get("share_all_embeddings"):
+            raise ValueError(
+                f"--share-all-embeddings: needs one joint vocabulary, and {manifest.directory} has one per "
+                "language (preprocessed with --separate-vocab)"
+            )
+        explicit.setdefault("share_all_embeddings", False)  # a preset's sharing needs one vocabulary
     model_cfg = ARCHS[train_cfg.run.arch](
         src_vocab_size=manifest.spm.src_vocab_size,
         tgt_vocab_size=manifest.spm.tgt_vocab_size,
         pad_id=manifest.special_ids["pad"],
-        **config_values(ModelConfig, args, dest_prefix="model."),
+        **explicit,
     )
     return train_cfg, model_cfg
 
 
 def make_bleu_validator(
-    data_dir: str, split: str, *, search: dict[str, object], print_samples: bool = False
+    manifest: Manifest, split: str, *, search: dict[str, object], print_samples: bool = False
 ) -> Callable[[torch.nn.Module, torch.device], float]:
     """--eval-bleu: decode the validation split (batched, greedy or small beam) and score it with sacreBLEU.
 
@@ -78,10 +86,10 @@ def make_bleu_validator(
     from nmt.data import SentencePieceModel
     from nmt.eval.translate import Translator, load_split, read_references
 
-    manifest = load_manifest(data_dir)
+    data_dir = manifest.directory
     src_spm = SentencePieceModel.load(manifest.path(manifest.spm.src_model))
     tgt_spm = SentencePieceModel.load(manifest.path(manifest.spm.tgt_model))
-    split_data = load_split(data_dir, split, src_spm=src_spm)
+    split_data = load_split(data_dir, split, src_spm=src_spm, manifest=manifest)
     if split_data.reference_path is None:
         raise ValueError(f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {split!r}")
     references = read_references(split_data.reference_path, line_numbers=split_data.line_numbers)
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         bleu_validator = None
         if train_cfg.checkpoint.eval_bleu:
             bleu_validator = make_bleu_validator(
-                train_cfg.data.data_dir, train_cfg.data.valid_subset, search=train_cfg.checkpoint.search_options(),
+                manifest, train_cfg.data.valid_subset, search=train_cfg.checkpoint.search_options(),
                 print_samples=train_cfg.checkpoint.eval_bleu_print_samples,
             )
         with session(train_cfg.run.device) as this_process:

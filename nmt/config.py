@@ -240,13 +240,14 @@ class BatchingConfig:
     """Everything besides the lengths, the seed and the epoch that the global batch sequence depends
     on (never the world size), plus how an update is split into micro-batches."""
 
-    max_tokens: int = opt(4096, "token budget per batch, padding included (packed: real tokens per side)")
+    # 2048: Multi30k val BLEU after 8 CPU minutes 15.3 against 6.5 at 4096 (examples/multi30k); raise it for big data and GPUs.
+    max_tokens: int = opt(2048, "token budget per batch, padding included (packed: real tokens per side)")
     max_sentences: int | None = opt(None, "sentences per batch at most", aliases=("--batch-size",))
     required_batch_size_multiple: int = opt(1, "round batch sizes down to a multiple of this (when they hold that many)")
     update_freq: int = opt(1, "accumulate this many batches per update (per rank)")
     batch_noise: float = opt(0.1, "length noise ratio in [0, 1); 0 gives a fixed sorted order")
     noise_mode: str = opt("ties", "ties: shuffle equal lengths; length: multiply lengths by uniform noise", choices=("ties", "length"))
-    layout: str = opt("padded", "padded, or packed (padding removed)", choices=("padded", "packed"))
+    layout: str = opt("packed", "packed (padding removed), or padded", choices=("padded", "packed"))
     max_tokens_per_microbatch: int | None = opt(None, "split larger batches into balanced micro-batches under this cap")
     length_multiple: int = opt(8, "length bucket size of the static shapes under --compile")
     curriculum_epochs: int = opt(0, "epochs run in order of increasing difficulty (with --curriculum)")
@@ -354,14 +355,14 @@ class OptimConfig:
         choices=("label_smoothed_cross_entropy",),
     )
     optimizer: str = opt("adam", "Adam with decoupled weight decay (AdamW, as fairseq's adam)", choices=("adam",))
-    lr: float = opt(1e-3, "peak learning rate")
+    lr: float = opt(2e-3, "peak learning rate")
     adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2")
     adam_eps: float = opt(1e-8)
     weight_decay: float = opt(0.0, "decoupled weight decay (AdamW), as fairseq's --weight-decay")
     clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     label_smoothing: float = opt(0.1)
     lr_scheduler: str = opt("inverse_sqrt", choices=("inverse_sqrt", "fixed", "cosine"))
-    warmup_updates: int = opt(1000, "linear warm-up from --warmup-init-lr to --lr over this many updates")
+    warmup_updates: int = opt(300, "linear warm-up from --warmup-init-lr to --lr over this many updates")
     warmup_init_lr: float = opt(1e-7)
     min_lr: float = opt(0.0, "floor of the cosine schedule")
     lr_scaling: str = opt("none", "scale the lr with the update's batch size", choices=("none", "linear", "sqrt"))
@@ -487,7 +488,7 @@ class RunConfig:
     seed: int = opt(1, "seed of the weights, the batch order and dropout")
     max_update: int = opt(0, "stop after this many updates (0: no limit)")
     max_epoch: int = opt(0, "stop after this many epochs (0: no limit)")
-    stop_time_hours: float = opt(0.0, "stop after this much wall-clock time (0: no limit)")
+    stop_time_hours: float = opt(0.0, "stop after this much wall-clock time, that of the runs resumed included (0: no limit)")
 
     def __post_init__(self) -> None:
         _check_choices(self)

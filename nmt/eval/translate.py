@@ -31,6 +31,7 @@ from nmt.checkpoint_io import load_averaged_checkpoint, load_model_checkpoint, s
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.batching import greedy_offsets
 from nmt.data.corpus import ParallelCorpus
+from nmt.data.manifest import Manifest
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.ensemble import Ensemble
@@ -382,10 +383,11 @@ class Split:
     num_lines: int  # lines of the raw text the split was made from: a reference must have as many
 
 
-def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel) -> Split:
+def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel, manifest: Manifest | None = None) -> Split:
     """The binarized sources of a split, checked to be encoded with the checkpoint's SentencePiece model
-    (otherwise the ids would mean other pieces), and where its raw reference text lies."""
-    corpus = ParallelCorpus(data_dir, split)
+    (otherwise the ids would mean other pieces), and where its raw reference text lies. ``manifest``:
+    the dataset's, when the caller has read it already."""
+    corpus = ParallelCorpus(data_dir, split, manifest=manifest)
     manifest = corpus.manifest
     spm_path = manifest.path(manifest.spm.src_model)
     with open(spm_path, "rb") as handle:

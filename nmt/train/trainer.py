@@ -54,6 +54,8 @@ class TrainState:
     num_updates: int = 0
     best: float | None = None
     bad_validations: int = 0  # for --patience
+    # Wall-clock seconds of the earlier runs this one resumed: --stop-time-hours counts them, as fairseq does.
+    earlier_seconds: float = 0.0
 
 
 class StopSignal:
@@ -155,6 +157,9 @@ class Trainer:
         stop_reason = None
         with StopSignal() as stop_signal:
             while stop_reason is None:
+                if 0 < cfg.run.stop_time_hours * 3600 <= self.state.earlier_seconds:
+                    stop_reason = f"--stop-time-hours {cfg.run.stop_time_hours} reached by the runs this one resumed"
+                    break
                 if cfg.run.max_epoch and self.plan.epoch >= cfg.run.max_epoch:
                     stop_reason = f"--max-epoch {cfg.run.max_epoch} reached"
                     break
@@ -165,7 +170,7 @@ class Trainer:
                     if self.plan.epoch % cfg.checkpoint.validate_interval == 0 and self.validate_and_save():
                         stop_reason = self.patience_reason()
         if self.metrics.enabled:
-            logger.info("done: %s (%d updates, %.1f min)", stop_reason, self.state.num_updates, (time.perf_counter() - self.started) / 60)
+            logger.info("done: %s (%d updates, %.1f min)", stop_reason, self.state.num_updates, self.elapsed_seconds() / 60)
         return self.state
 
     def train_epoch(self, stop_signal: StopSignal) -> str | None:
@@ -210,7 +215,7 @@ class Trainer:
 
     def stop_reason_after_update(self, stop_signal: StopSignal) -> str | None:
         run = self.cfg.run
-        out_of_time = run.stop_time_hours > 0 and time.perf_counter() - self.started > run.stop_time_hours * 3600
+        out_of_time = run.stop_time_hours > 0 and self.elapsed_seconds() > run.stop_time_hours * 3600
         # Every rank must stop at the same update: agree on signals and the clock.
         flags = dist.all_reduce_max(torch.tensor([int(stop_signal.requested), int(out_of_time)], dtype=torch.int64))
         if flags[0]:
@@ -220,6 +225,10 @@ class Trainer:
         if run.max_update and self.state.num_updates >= run.max_update:
             return f"--max-update {run.max_update} reached"
         return None
+
+    def elapsed_seconds(self) -> float:
+        """This run's wall-clock time, set-up included, plus that of the runs it resumed."""
+        return self.state.earlier_seconds + time.perf_counter() - self.started
 
     def patience_reason(self) -> str:
         patience = self.cfg.checkpoint.patience
@@ -279,6 +288,7 @@ class Trainer:
             "rng": rng_state(),
             "epoch": self.plan.epoch,
             **dataclasses.asdict(self.state),
+            "earlier_seconds": self.elapsed_seconds(),
             "run_identity": self.identity,
             "provenance": self.provenance,
         }
@@ -303,7 +313,7 @@ class Trainer:
             self.plan.load_state_dict({"epoch": 0, "epoch_start_update": num_updates, "updates_done": 0})
         else:
             self.plan.load_state_dict(state["data_plan"])
-        self.state = TrainState(num_updates=num_updates)
+        self.state = TrainState(num_updates=num_updates, earlier_seconds=float(state.get("earlier_seconds", 0.0)))
         if not resets.reset_meters:
             self.state.best, self.state.bad_validations = state["best"], int(state["bad_validations"])
         if self.metrics.enabled:

@@ -8,7 +8,7 @@ from nmt.data.plan import TrainingDataPlan
 
 
 def plan_for(data_dir, *, world_size=1, rank=0, update_freq=1, **data):
-    batching = BatchingConfig(max_tokens=256, update_freq=update_freq, **data.pop("batching", {}))
+    batching = BatchingConfig(layout="padded", max_tokens=256, update_freq=update_freq, **data.pop("batching", {}))
     return TrainingDataPlan(DataConfig(data_dir=data_dir, batching=batching, **data), seed=3, rank=rank, world_size=world_size)
 
 
@@ -97,7 +97,7 @@ def test_one_score_file_per_blended_corpus(two_corpus_data, tmp_path):
 
 def test_static_shapes_hold_every_batch(tiny_data):
     plan = TrainingDataPlan(
-        DataConfig(data_dir=tiny_data, batching=BatchingConfig(max_tokens=256, length_multiple=16)),
+        DataConfig(data_dir=tiny_data, batching=BatchingConfig(layout="padded", max_tokens=256, length_multiple=16)),
         seed=3, static_shapes=True,
     )
     shapes = set(plan.static.shapes)
@@ -123,7 +123,7 @@ def test_long_samples_are_refused_for_training_and_truncated_for_validation(tmp_
                                 validpref=[str(tmp_path / "valid")], destdir=data_dir, spm_vocab_size=60, workers=1))
     with pytest.raises(ValueError, match="--max-source-positions 8: the training data has samples of"):
         TrainingDataPlan(DataConfig(data_dir=data_dir), seed=1, max_positions=(8, 1024))
-    plan = TrainingDataPlan(DataConfig(data_dir=data_dir, batching=BatchingConfig(max_tokens=512)), seed=1, max_positions=(64, 48))
+    plan = TrainingDataPlan(DataConfig(data_dir=data_dir, batching=BatchingConfig(layout="padded", max_tokens=512)), seed=1, max_positions=(64, 48))
     assert "1 of 10 validation pairs are longer" in caplog.text
     batches = list(plan.valid_batches())
     assert sum(int(b["num_sentences"]) for b in batches) == 10  # nothing dropped

@@ -178,7 +178,7 @@ def test_a_moved_dataset_scores_without_its_raw_text(corpus, tmp_path_factory, c
     state = torch.load(checkpoint, weights_only=True)
     model = TransformerModel(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
-    assert make_bleu_validator(str(elsewhere), "valid", search={"beam": 1})(model.eval(), torch.device("cpu")) >= 0.0
+    assert make_bleu_validator(manifest, "valid", search={"beam": 1})(model.eval(), torch.device("cpu")) >= 0.0
 
 
 # ----------------------------------------------------------------------------- 7: one clear line, nothing half-written

@@ -88,7 +88,7 @@ def test_parts_read_as_the_single_process_corpus(datasets):
         assert one.splits[split].num_lines == parts.splits[split].num_lines
     assert parts.splits["train"].filtered["blank_line"] == 2 and parts.splits["train"].filtered["too_long"] == 1
     for epoch in (1, 2):
-        cfg = BatchingConfig(max_tokens=200)
+        cfg = BatchingConfig(layout="padded", max_tokens=200)
         a, b = ParallelCorpus(str(single), "train"), ParallelCorpus(str(sharded), "train")
         x = global_batches(a.src_lengths, a.tgt_lengths, cfg, seed=3, epoch=epoch)
         y = global_batches(b.src_lengths, b.tgt_lengths, cfg, seed=3, epoch=epoch)

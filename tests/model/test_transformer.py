@@ -274,8 +274,10 @@ def _num_params(cfg: ModelConfig) -> int:
 @pytest.mark.parametrize(
     ("name", "vocab", "shared", "expected"),
     [
-        ("transformer_tiny", 8000, False, 11_673_600),
-        ("transformer_tiny", 8000, True, 7_577_600),
+        # 3 x 198,272 (encoder layers) + 3 x 264,576 (decoder) + 8000 x 128 per embedding; without
+        # --share-all-embeddings the preset still ties the decoder's input and output.
+        ("transformer_tiny", 8000, False, 3_436_544),
+        ("transformer_tiny", 8000, True, 2_412_544),
         ("transformer_base", 32000, True, 60_522_496),  # Vaswani et al.: 65M
         ("transformer_base_prenorm", 32000, True, 60_524_544),  # + 2 final layer norms
         ("transformer_big", 32000, True, 209_125_376),  # Vaswani et al.: 213M
@@ -288,9 +290,10 @@ def test_preset_parameter_counts(name: str, vocab: int, shared: bool, expected: 
 
 
 def test_presets_and_overrides() -> None:
-    cfg = transformer_tiny(src_vocab_size=100, tgt_vocab_size=120, dropout=0.3, decoder_layers=4)
-    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.encoder_embed_dim, cfg.encoder_attention_heads) == (3, 4, 256, 4)
-    assert (cfg.decoder_ffn_embed_dim, cfg.dropout, cfg.tgt_vocab_size) == (1024, 0.3, 120)
+    cfg = transformer_tiny(src_vocab_size=100, tgt_vocab_size=120, dropout=0.2, decoder_layers=4, share_all_embeddings=False)
+    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.encoder_embed_dim, cfg.encoder_attention_heads) == (3, 4, 128, 4)
+    assert (cfg.decoder_ffn_embed_dim, cfg.dropout, cfg.tgt_vocab_size) == (512, 0.2, 120)
+    assert cfg.share_decoder_input_output_embed
     assert ARCHS["transformer_base_prenorm"]().decoder_normalize_before
     assert not ARCHS["transformer_base_prenorm"](decoder_normalize_before=False).decoder_normalize_before
     with pytest.raises(ValueError, match="--encoder-dim"):

@@ -13,14 +13,15 @@ import threading
 TINY_MODEL_FLAGS = [
     "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-    "--decoder-attention-heads", "2", "--share-all-embeddings",
+    "--decoder-attention-heads", "2", "--share-all-embeddings", "--dropout", "0.1",
 ]
 
 
 def train_command(data_dir, save_dir, *extra):
     return [
         "--save-dir", str(save_dir), "--max-tokens", "256", "--log-format", "json", "--log-interval", "1",
-        "--warmup-updates", "10", "--lr", "0.003", "--seed", "3", "--no-epoch-checkpoints", *TINY_MODEL_FLAGS, *extra,
+        "--warmup-updates", "10", "--lr", "0.003", "--seed", "3", "--no-epoch-checkpoints", "--layout", "padded",
+        *TINY_MODEL_FLAGS, *extra,
     ]
 
 

@@ -12,6 +12,8 @@ import sys
 import pytest
 
 from nmt.checkpoint_io import load_checkpoint
+from nmt.config import PreprocessConfig
+from nmt.data.preprocess import preprocess
 
 from ..conftest import _pairs, _write
 from .conftest import parse_log, process_group, run_subprocess, train_command
@@ -197,3 +199,37 @@ def test_verify_data_finds_a_corrupt_token_that_stays_in_the_vocabulary(tiny_dat
     path.write_bytes(bytes(data))
     assert train(str(copy), tmp_path / "ck", "--max-update", "1").returncode == 0  # nothing else notices
     assert_one_line_error(train(str(copy), tmp_path / "ck2", "--max-update", "1", "--verify-data"), "--verify-data", str(path), "SHA-256")
+
+
+def test_stop_time_hours_counts_the_time_of_the_runs_it_resumed(tiny_data, tmp_path):
+    save_dir = tmp_path / "ck"
+    budget = ("--max-update", "100000", "--stop-time-hours", "0.0001")  # 0.36 s: reached at the first update
+    first = train(tiny_data, save_dir, *budget)
+    assert first.returncode == 0, first.stderr[-3000:]
+    state = load_checkpoint(str(save_dir / "checkpoint_last.pt"))
+    assert state["num_updates"] >= 1 and state["earlier_seconds"] > 0.36
+
+    again = train(tiny_data, save_dir, *budget)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "--stop-time-hours 0.0001 reached by the runs this one resumed" in again.stderr
+    assert load_checkpoint(str(save_dir / "checkpoint_last.pt"))["num_updates"] == state["num_updates"]
+
+    longer = train(tiny_data, save_dir, "--max-update", "100000", "--stop-time-hours", str((state["earlier_seconds"] + 1) / 3600))
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    resumed = load_checkpoint(str(save_dir / "checkpoint_last.pt"))
+    assert resumed["num_updates"] > state["num_updates"] and resumed["earlier_seconds"] > state["earlier_seconds"] + 1
+
+
+def test_a_vocabulary_per_language_is_never_shared(tmp_path):
+    _write(tmp_path, "train", _pairs(300, seed=5))
+    separate = str(tmp_path / "data")
+    preprocess(PreprocessConfig(source_lang="en", target_lang="de", trainpref=[str(tmp_path / "train")],
+                                destdir=separate, spm_vocab_size=60, separate_vocab=True, workers=1))
+    # Same vocabulary sizes, other pieces: sharing them would pass every size check and train nonsense.
+    assert_one_line_error(train(separate, tmp_path / "ck", "--max-update", "1"),
+                          "--share-all-embeddings: needs one joint vocabulary", "--separate-vocab")
+    small_model = [flag for flag in train_command(separate, tmp_path / "ck2", "--max-update", "1") if flag != "--share-all-embeddings"]
+    preset_shares = run_subprocess([separate, *small_model])  # transformer_tiny shares all embeddings when it can
+    assert preset_shares.returncode == 0, preset_shares.stderr[-3000:]
+    model_config = load_checkpoint(str(tmp_path / "ck2" / "checkpoint_last.pt"))["model_config"]
+    assert not model_config["share_all_embeddings"] and model_config["share_decoder_input_output_embed"]
