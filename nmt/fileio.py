@@ -172,6 +172,8 @@ def exclusive_lock(lock_path: str, *, what: str, shared: bool = False, wait: boo
 def _acquire(lock_path: str, *, what: str, shared: bool, wait: bool) -> int:
     while True:
         try:
+            # --destdir runs/new/data: its parent may not exist yet (fairseq creates it too).
+            os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise describe_os_error(error, what) from None

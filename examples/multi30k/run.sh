@@ -43,4 +43,8 @@ nmt-plot "$out/tensorboard" -o "$out/curves.png" || echo "nmt-plot failed (pip i
 
 nmt-eval "$out/data" --path "$out/ckpt" --average-last "$average_last" --split test --beam 5 \
     --score-tokenized-lowercase --output "$out/test.hyp.de" | tee "$out/test.scores"
-echo "$(basename "$0"): $(( ($(date +%s) - started) / 60 )) min this run; test2016 scores in $out/test.scores"
+# The machine may be shared: this job's own CPU seconds over its wall seconds x cores tells.
+times > "$out/.times"  # not in a pipeline: a subshell would report its own (empty) children
+cpu_seconds=$(tail -1 "$out/.times" | awk '{ for (i = 1; i <= 2; i++) { split($i, part, "m"); total += part[1] * 60 + part[2] } print total }')
+wall_seconds=$(( $(date +%s) - started ))
+echo "$(basename "$0"): $(( wall_seconds / 60 )) min this run, CPU utilisation $(python3 -c "print(f'{$cpu_seconds / max($wall_seconds, 1) / $(nproc):.0%}')") of $(nproc) cores; test2016 scores in $out/test.scores"

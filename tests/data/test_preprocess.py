@@ -180,6 +180,11 @@ def test_existing_destdir_needs_overwrite(corpus_dir, capsys):
     assert (corpus_dir / "out" / "manifest.json").exists() and not (corpus_dir / "out" / "keep.txt").exists()
 
 
+def test_a_destdir_whose_parents_do_not_exist_is_created(corpus_dir):
+    preprocess(config(corpus_dir, destdir=str(corpus_dir / "runs" / "multi30k" / "data")))  # as scripts/main.sh does
+    assert (corpus_dir / "runs" / "multi30k" / "data" / "manifest.json").exists()
+
+
 def test_bad_option_names_the_option(corpus_dir, capsys):
     assert run_cli(corpus_dir, "--max-len-ratio", "0.5") != 0
     assert "--max-len-ratio" in capsys.readouterr().err
