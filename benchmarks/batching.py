@@ -38,7 +38,7 @@ from nmt.data.batching import (
     shard,
 )
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.curriculum import distributed_sample_sort
+from nmt.data.sample_sort import distributed_sample_sort
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,19 +13,9 @@ from typing import TextIO
 
 import numpy as np
 
-from nmt.checkpoint_io import last_checkpoints
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.eval.output import FairseqLines, base2, plain_lines
-from nmt.eval.translate import (
-    Translation,
-    Translator,
-    count_lines,
-    decode_dtype,
-    iter_line_chunks,
-    load_split,
-    read_references,
-    resolve_device,
-)
+from nmt.eval.translate import Translation, Translator, count_lines, iter_line_chunks, load_split, read_references
 from nmt.fileio import atomic_write
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
@@ -57,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 def checkpoint_paths(io: EvalIOConfig) -> list[str]:
     """The checkpoints --path names (``:`` separates them; --average-last: the newest of a save dir)."""
     if io.average_last is not None:
+        from nmt.checkpoint_io import last_checkpoints  # here: torch, which an exported model does without
+
         return last_checkpoints(io.path, io.average_last)
     paths = io.checkpoint_paths
     for path in paths:
@@ -71,11 +63,9 @@ def checkpoint_paths(io: EvalIOConfig) -> list[str]:
 
 def load_translator(io: EvalIOConfig, cfg: EvalConfig) -> Translator:
     """The one place nmt-eval turns --path into a Translator (an ensemble, or averaged weights)."""
-    device = resolve_device(io.device)
-    logging.getLogger("nmt.eval").info("decoding on %s", device)
-    dtype = decode_dtype(device, fp16=io.fp16, bf16=io.bf16)
+    dtype = "float16" if io.fp16 else "bfloat16" if io.bf16 else None
     average = io.average or io.average_last is not None
-    return Translator.from_checkpoint(checkpoint_paths(io), device=device, config=cfg, average=average, dtype=dtype)
+    return Translator.from_checkpoint(checkpoint_paths(io), device=io.device, config=cfg, average=average, dtype=dtype)
 
 
 @dataclass

@@ -10,7 +10,6 @@ import socket
 import sys
 import time
 
-from nmt.checkpoint_io import load_checkpoint
 from nmt.config import EvalConfig
 from nmt.deploy.serve import ServeConfig, create_app
 from nmt.eval.ct2_model import CT2Model, read_export_manifest
@@ -34,7 +33,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5000, help="0: any free port (the one taken is printed)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--threads", type=int, default=0, help="compute threads (0: the backend's own choice)")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads (0: one per core, or OMP_NUM_THREADS when set)")
     parser.add_argument("--access-log", action="store_true", help="also log every request (one line per batch is always logged)")
     add_config_arguments(parser.add_argument_group("search (as nmt-eval)"), EvalConfig, skip=("nbest", "buffer_size"))
     add_config_arguments(parser.add_argument_group("batching and limits"), ServeConfig)
@@ -46,6 +45,8 @@ def language_pair(path: str) -> tuple[str, str]:
     if os.path.isdir(path):
         manifest = read_export_manifest(path)
         return manifest["source_lang"], manifest["target_lang"]
+    from nmt.checkpoint_io import load_checkpoint  # here: torch, which an exported model does without
+
     vocab = load_checkpoint(path).get("vocab", {})
     return vocab.get("source_lang", "src"), vocab.get("target_lang", "tgt")
 

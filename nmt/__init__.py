@@ -1,14 +1,8 @@
 """nmt: neural machine translation training toolkit."""
 
-from typing import Any
+from nmt.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy: ``import nmt`` stays cheap (no torch); ``nmt.Translator`` imports the eval stack on first use.
-    if name == "Translator":
-        from nmt.eval.translate import Translator
-
-        return Translator
-    raise AttributeError(f"module 'nmt' has no attribute {name!r}")
+# ``import nmt`` stays cheap (no torch); ``nmt.Translator`` imports the eval stack on first use.
+__getattr__, _ = lazy_exports(__name__, {"nmt.eval.translate": ["Translator"]})

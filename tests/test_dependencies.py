@@ -17,6 +17,7 @@ FORBIDDEN = {
     "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy"),
     "nmt/checkpoint_io.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
     "nmt/plot.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli", "torch"),
+    "nmt/lazy.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
     "nmt/fileio.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
 }
 

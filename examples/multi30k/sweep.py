@@ -48,6 +48,20 @@ CHOICES: dict[str, tuple[str, list[str], int]] = {
                                             "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"], VOCAB),
     "layers4": ("4+4 layers", ["--encoder-layers", "4", "--decoder-layers", "4"], VOCAB),
 }
+# The second round starts from the first round's winner (nmt-train's defaults since) and changes one
+# thing of it again.
+RECIPE = CHOICES["tokens2048+dim128"][1]
+CHOICES |= {
+    f"recipe+{name}": (f"recipe (tokens2048+dim128) with {description}", [*RECIPE, *flags], vocab)
+    for name, (description, flags, vocab) in {
+        "lr3e-3": ("--lr 3e-3", ["--lr", "3e-3"], VOCAB),
+        "lr5e-3": ("--lr 5e-3", ["--lr", "5e-3"], VOCAB),
+        "dropout0.1": ("--dropout 0.1", ["--dropout", "0.1"], VOCAB),
+        "dropout0.2": ("--dropout 0.2", ["--dropout", "0.2"], VOCAB),
+        "vocab4k": ("a joint vocabulary of 4,000", [], 4000),
+        "warmup150": ("--warmup-updates 150", ["--warmup-updates", "150"], VOCAB),
+    }.items()
+}
 
 
 def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:

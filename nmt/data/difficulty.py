@@ -25,7 +25,7 @@ from nmt import dist
 from nmt.config import DataConfig
 from nmt.data.collate import Sample
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.curriculum import distributed_sample_sort
+from nmt.data.sample_sort import distributed_sample_sort
 from nmt.data.manifest import Manifest
 from nmt.fileio import atomic_write
 

@@ -1,9 +1,16 @@
-"""Decoding and scoring: beam/greedy/sampling search, sacreBLEU, and the Translator API."""
+"""Decoding and scoring: beam/greedy/sampling search, sacreBLEU, and the Translator API (each name
+is imported on first use: an exported CTranslate2 model translates without torch)."""
 
-from nmt.eval.ensemble import Ensemble
-from nmt.eval.score import Score, score
-from nmt.eval.search import Hypothesis, generate
-from nmt.checkpoint_io import load_averaged_checkpoint
-from nmt.eval.translate import Translator
+from nmt.lazy import lazy_exports
 
-__all__ = ["Ensemble", "Hypothesis", "Score", "Translator", "generate", "load_averaged_checkpoint", "score"]
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "nmt.eval.ensemble": ["Ensemble"],
+        "nmt.eval.score": ["Score", "score"],
+        "nmt.eval.hypothesis": ["Hypothesis"],
+        "nmt.eval.search": ["generate"],
+        "nmt.checkpoint_io": ["load_averaged_checkpoint"],
+        "nmt.eval.translate": ["Translator"],
+    },
+)

@@ -24,16 +24,19 @@ score order (fairseq's rule); the best hypothesis is the same.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
-from nmt.eval.search import Hypothesis, max_target_lengths
+from nmt.eval.hypothesis import Hypothesis, max_target_lengths
 
 EXPORT_MANIFEST = "nmt_export.json"
 EXPORT_FORMAT = "nmt-ctranslate2"
@@ -72,12 +75,14 @@ def read_export_manifest(directory: str) -> dict[str, Any]:
     return manifest
 
 
-def _device_and_index(device: str | torch.device) -> tuple[str, int]:
-    """``cuda:1`` -> ("cuda", 1); CTranslate2 names devices without the index."""
-    device = torch.device(device)
-    if device.type not in ("cpu", "cuda"):
+def _device_and_index(device: str, ctranslate2: Any) -> tuple[str, int]:
+    """``--device`` as CTranslate2 names it: auto, cpu, cuda, ``cuda:1`` -> ("cuda", 1)."""
+    if device == "auto":
+        return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
+    match = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", device)
+    if match is None:
         raise ValueError(f"--device: CTranslate2 runs on cpu or cuda, got {device}")
-    return device.type, device.index or 0
+    return match.group(1), int(match.group(2) or 0)
 
 
 class CT2Model:
@@ -103,13 +108,18 @@ class CT2Model:
         self._banned = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]  # one-token sequences: always suppressed
 
     @classmethod
-    def load(cls, directory: str, *, device: str | torch.device = "cpu", compute_type: str = "default", threads: int = 0) -> CT2Model:
-        """Load an exported directory; ``compute_type`` "default" runs the type it was exported with."""
+    def load(cls, directory: str, *, device: str = "cpu", compute_type: str = "default", threads: int = 0) -> CT2Model:
+        """Load an exported directory; ``compute_type`` "default" runs the type it was exported with.
+        ``threads`` 0: OMP_NUM_THREADS when set, else one per core this process may run on."""
         manifest = read_export_manifest(directory)
         ctranslate2 = import_ctranslate2(f"{directory} (a CTranslate2 export)")
         src_spm = SentencePieceModel.load(os.path.join(directory, manifest["src_spm"]))
         tgt_spm = SentencePieceModel.load(os.path.join(directory, manifest["tgt_spm"]))
-        device_type, device_index = _device_and_index(device)
+        device_type, device_index = _device_and_index(device, ctranslate2)
+        if not threads and "OMP_NUM_THREADS" not in os.environ:
+            # CTranslate2's own default is 4 threads whatever the machine: on 2 cores, OpenMP threads
+            # spinning against each other (as torch, one per core).
+            threads = len(os.sched_getaffinity(0))
         try:
             translator = ctranslate2.Translator(
                 directory, device=device_type, device_index=device_index, compute_type=compute_type, intra_threads=threads
@@ -117,19 +127,27 @@ class CT2Model:
         except (RuntimeError, ValueError) as error:
             raise ValueError(f"{directory}: CTranslate2 cannot load this model ({str(error).strip().splitlines()[0]})") from None
         cfg = from_dict(ModelConfig, manifest["model_config"])
+        logging.getLogger("nmt.eval").info("decoding on %s with CTranslate2 (%s)", device_type, translator.compute_type)
         return cls(translator, cfg=cfg, src_spm=src_spm, tgt_spm=tgt_spm, name=directory)
 
-    def eval(self) -> CT2Model:
-        return self  # inference only, like a torch module in eval mode
+    @property
+    def max_source_positions(self) -> int:
+        return self.cfg.max_source_positions
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    @property
+    def max_target_positions(self) -> int:
+        return self.cfg.max_target_positions
+
+    def searcher(self, cfg: EvalConfig) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
+        """The search of one batch (sources, EOS last, cut to lengths) under ``cfg``."""
+        return functools.partial(self.generate_batch, cfg=cfg)
+
+    def score_batch(self, *args: Any, **kwargs: Any) -> Any:
         """Forced decoding (a teacher-forced forward) is what the export leaves out."""
         raise ValueError(
             f"{self.name}: scoring given targets (--format fairseq, --print-alignment, --score-reference) "
             "needs the PyTorch checkpoint; an exported directory only translates"
         )
-
-    recording_cross_attention = __call__
 
     def generate_batch(self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
         """Sources (EOS last) cut to ``lengths`` -> n-best hypotheses each; sentences that ran past their

@@ -24,23 +24,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from nmt.checkpoint_io import load_averaged_checkpoint, load_model_checkpoint, same_vocab, tensor_to_bytes
-from nmt.config import EvalConfig, ModelConfig, from_dict
+from nmt.config import EvalConfig
 from nmt.data.batching import greedy_offsets
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import Manifest
-from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
+from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
-from nmt.eval.ensemble import Ensemble
+from nmt.eval.ct2_model import CT2Model
+from nmt.eval.hypothesis import Hypothesis
 from nmt.eval.score import Score, score
-from nmt.eval.search import Hypothesis, generate
-from nmt.model import TransformerModel, build_model
 
-if TYPE_CHECKING:
-    from nmt.eval.ct2_model import CT2Model
+if TYPE_CHECKING:  # torch is imported for checkpoints only: an exported model translates without it
+    import torch
+
+    from nmt.eval.torch_model import TorchModels
+    from nmt.model import TransformerModel
 
 logger = logging.getLogger(__name__)
 UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a batch
@@ -80,34 +80,6 @@ class TargetScore:
     attention: np.ndarray | None  # (T, S) cross-attention of each target token over the source (EOS included)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``--device``: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: no CUDA device is available (use --device auto or cpu)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return device
-
-
-def decode_dtype(device: torch.device, *, fp16: bool = False, bf16: bool = False) -> torch.dtype | None:
-    """The weights' dtype for ``--fp16``/``--bf16`` on ``device``; None keeps float32.
-
-    On the CPU the flag is ignored with one warning: half-precision matrix products there are slower
-    than float32 (fairseq users type --fp16 out of habit; a 4x slower decode with no word was issue 13).
-    """
-    if not (fp16 or bf16):
-        return None
-    flag = "--fp16" if fp16 else "--bf16"
-    if device.type == "cpu":
-        logger.warning("%s ignored on the CPU (half-precision is slower there): decoding in float32", flag)
-        return None
-    return torch.float16 if fp16 else torch.bfloat16
-
-
 def hard_alignment(attention: np.ndarray, *, num_source_tokens: int, num_target_tokens: int) -> list[tuple[int, int]]:
     """fairseq's hard alignment: each target token (EOS excluded) to the source token (EOS excluded)
     it attends to most; ``attention`` (T, S) rows are target positions, columns source positions."""
@@ -142,12 +114,14 @@ class Translator:
         tgt_spm: SentencePieceModel,
         config: EvalConfig | None = None,
     ) -> None:
-        self.models = [m.eval() for m in model] if isinstance(model, Sequence) else [model.eval()]
-        self.model = self.models[0]
-        self.ensemble = Ensemble(self.models)
-        # A CT2Model (an nmt-export directory) runs its own search; the host device then only holds
-        # the sampling generator, which CTranslate2 does not use.
-        self.device = next(self.model.parameters()).device if isinstance(self.model, TransformerModel) else torch.device("cpu")
+        self.backend: TorchModels | CT2Model
+        if isinstance(model, CT2Model):  # an nmt-export directory: CTranslate2 runs the whole search
+            self.backend = self.model = model
+        else:
+            from nmt.eval import torch_model  # here: the CTranslate2 path never imports torch
+
+            self.backend = torch_model.TorchModels(model if isinstance(model, Sequence) else [model])
+            self.model = self.backend.models[0]
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.config = EvalConfig() if config is None else config
@@ -160,40 +134,23 @@ class Translator:
         device: str | torch.device = "cpu",
         config: EvalConfig | None = None,
         average: bool = False,
-        dtype: torch.dtype | None = None,
+        dtype: str | torch.dtype | None = None,
     ) -> Translator:
         """One checkpoint, or several: an ensemble (fairseq's ``--path a.pt:b.pt``), or with
         ``average`` one model with their weights averaged. ``device``: also "auto" (CUDA when
-        available). ``dtype``: e.g. float16 weights on CUDA. A directory written by ``nmt-export
-        --format ctranslate2`` gives a Translator that decodes with CTranslate2."""
+        available). ``dtype``: e.g. "float16" weights on CUDA (ignored with a warning on the CPU). A
+        directory written by ``nmt-export --format ctranslate2`` gives a Translator that decodes
+        with CTranslate2 (the type it was exported with)."""
         paths = [path] if isinstance(path, str) else list(path)
         if not paths:
             raise ValueError("--path: no checkpoint given")
-        if isinstance(device, str):
-            device = resolve_device(device)
         if len(paths) == 1 and os.path.isdir(paths[0]):
-            from nmt.eval.ct2_model import CT2Model  # lazy: ctranslate2 is an optional extra
-
-            exported = CT2Model.load(paths[0], device=device)
+            exported = CT2Model.load(paths[0], device=str(device))
             return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
-        if average or len(paths) == 1:
-            named_states = [(paths[0], load_averaged_checkpoint(paths))]
-        else:
-            named_states = [(p, load_model_checkpoint(p)) for p in paths]
-        first_path, first = named_states[0]
-        for other_path, state in named_states[1:]:
-            if not same_vocab(state["vocab"], first["vocab"]):
-                raise ValueError(
-                    f"{other_path}: vocabulary differs from {first_path}'s; the models of an ensemble "
-                    "must share their SentencePiece models and languages"
-                )
-        vocab = first["vocab"]
-        if vocab.get("special_ids") != SPECIAL_IDS:
-            raise ValueError(f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
-        models = [_build_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states]
-        src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)")
-        tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)")
-        return cls(models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
+        from nmt.eval import torch_model
+
+        models, src_spm, tgt_spm = torch_model.TorchModels.load(paths, device=device, average=average, dtype=dtype)
+        return cls(models.models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
 
     @overload
     def translate(self, lines: str, *, progress: bool = False, **options: Any) -> str: ...
@@ -226,25 +183,14 @@ class Translator:
         lengths = self._source_lengths(sources)
         results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
         todo = np.flatnonzero(lengths > 1)  # EOS alone: an empty line translates to an empty line
-        generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
+        search = self.backend.searcher(cfg)
         with tqdm(total=len(todo), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
             for indices in _batches(todo, lengths, lengths, cfg):
-                nbests = self.generate_batch([sources[i] for i in indices], lengths[indices], cfg, generator=generator)
-                for index, nbest in zip(indices, nbests):
+                for index, nbest in zip(indices, search([sources[i] for i in indices], lengths[indices])):
                     results[index] = nbest
                 bar.update(len(indices))
         return results
 
-    def generate_batch(
-        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig, *, generator: torch.Generator | None
-    ) -> list[list[Hypothesis]]:
-        """One batch: sources (EOS last) cut to ``lengths`` (EOS kept) -> n-best hypotheses each."""
-        if not isinstance(self.model, TransformerModel):
-            return self.model.generate_batch(sources, lengths, cfg)
-        src_tokens, src_lengths = self._collate(sources, lengths)
-        return generate(self.ensemble, src_tokens, src_lengths, cfg, generator=generator)
-
-    @torch.inference_mode()
     def score_targets(
         self,
         sources: Sequence[np.ndarray],
@@ -261,7 +207,7 @@ class Translator:
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets: they must align")
         cfg = self.config
         src_lengths = self._source_lengths(sources)
-        max_target = self.ensemble.max_target_positions
+        max_target = self.backend.max_target_positions
         tgt_lengths = np.fromiter((len(target) for target in targets), dtype=np.int64, count=len(targets))
         num_truncated = int((tgt_lengths > max_target).sum())
         if num_truncated:
@@ -270,18 +216,13 @@ class Translator:
         results = [TargetScore(np.zeros(0, dtype=np.float32), None) for _ in targets]
         with tqdm(total=len(targets), unit="sent", desc="score", disable=not progress, mininterval=1.0, leave=False) as bar:
             for indices in _batches(np.flatnonzero(tgt_lengths > 0), src_lengths, tgt_lengths, cfg):
-                src_tokens, batch_src_lengths = self._collate([sources[i] for i in indices], src_lengths[indices])
                 target = np.full((len(indices), int(tgt_lengths[indices].max())), PAD_ID, dtype=np.int64)
                 for row, index in enumerate(indices):
                     target[row, : tgt_lengths[index]] = targets[index][: tgt_lengths[index]]
-                target_tensor = torch.from_numpy(target).to(self.device)
-                prev_output = torch.cat([torch.full_like(target_tensor[:, :1], BOS_ID), target_tensor[:, :-1]], dim=1)
-                scores, attention = self.ensemble.score_targets(
-                    src_tokens, batch_src_lengths, prev_output, target_tensor,
+                scores_np, attention_np = self.backend.score_batch(
+                    [sources[i] for i in indices], src_lengths[indices], target,
                     temperature=cfg.temperature, need_attention=need_attention,
                 )
-                scores_np = scores.cpu().numpy()
-                attention_np = None if attention is None else attention.cpu().numpy()
                 for row, index in enumerate(indices):
                     length, source_length = int(tgt_lengths[index]), int(src_lengths[index])
                     results[index] = TargetScore(
@@ -333,36 +274,16 @@ class Translator:
 
     def _source_lengths(self, sources: Sequence[np.ndarray]) -> np.ndarray:
         """Source lengths (EOS included), cut to the models' positions (counted in a warning)."""
-        max_positions = self.ensemble.max_source_positions
+        max_positions = self.backend.max_source_positions
         lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
         num_truncated = int((lengths > max_positions).sum())
         if num_truncated:
             logger.warning("%d source sentences longer than %d tokens are truncated", num_truncated, max_positions)
         return np.minimum(lengths, max_positions)
 
-    def _collate(self, sources: list[np.ndarray], lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded (B, S) int64 source and lengths (B,); over-long sources keep their EOS."""
-        tokens = np.full((len(sources), int(lengths.max())), PAD_ID, dtype=np.int64)
-        for row, (source, length) in enumerate(zip(sources, lengths)):
-            tokens[row, : length - 1] = source[: length - 1]
-            tokens[row, length - 1] = EOS_ID
-        return torch.from_numpy(tokens).to(self.device), torch.from_numpy(lengths).to(self.device)
-
     def score(self, hypotheses: Sequence[str], references: Sequence[str], *, tokenized_lowercase: bool = False) -> list[Score]:
         """sacreBLEU BLEU and chrF (cased, detokenized), with signatures."""
         return score(hypotheses, references, tokenized_lowercase=tokenized_lowercase)
-
-
-def _build_model(state: dict[str, Any], *, name: str) -> TransformerModel:
-    # Incremental decoding runs on the padded layout; let the device pick its backend (a model
-    # trained with --attention varlen or xformers on GPU must still decode on a CPU).
-    model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
-    model = build_model(model_cfg)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as error:
-        raise ValueError(f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})") from None
-    return model
 
 
 def _batches(indices: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: EvalConfig) -> Iterator[np.ndarray]:

@@ -69,7 +69,7 @@ class GlooPool:
 
 
 def sample_sort_task(shard: Any, samples_per_rank: int) -> Any:
-    from nmt.data.curriculum import distributed_sample_sort
+    from nmt.data.sample_sort import distributed_sample_sort
 
     return distributed_sample_sort(shard, samples_per_rank=samples_per_rank)
 

@@ -8,13 +8,13 @@ from nmt.config import BatchingConfig
 from nmt.data.batching import (
     Batches,
     batch_tokens,
-    MaxTokensBatchSampler,
     global_batches,
     greedy_offsets,
     padding_efficiency,
     round_up,
     shard,
 )
+from nmt.data.sampler import MaxTokensBatchSampler
 from nmt.data.curriculum import competence, difficulty_fractions
 
 

@@ -13,10 +13,8 @@ from nmt.data.curriculum import (
     competence_update,
     difficulty_fractions,
     difficulty_from,
-    distributed_sample_sort,
-    lex_greater_equal,
-    lexsort_rows,
 )
+from nmt.data.sample_sort import distributed_sample_sort, lex_greater_equal, lexsort_rows
 
 # --import-mode=importlib keeps test folders off sys.path; spawned workers inherit this entry.
 sys.path.insert(0, os.path.dirname(__file__))

@@ -42,7 +42,7 @@ def full_log_probs(translator: Translator, source: np.ndarray, target: list[int]
 def test_ensemble_follows_the_mean_probability_of_its_models(tiny, perturbed) -> None:
     single = [Translator.from_checkpoint(tiny.checkpoint), Translator.from_checkpoint(perturbed)]
     both = Translator.from_checkpoint([tiny.checkpoint, perturbed])
-    assert len(both.models) == 2
+    assert len(both.backend.models) == 2
     sources = both.encode(tiny.test_src[:10])
     hypotheses = both.generate(sources, beam=1)
     differs = False
@@ -86,7 +86,7 @@ def test_ensemble_needs_one_vocabulary(tiny, tmp_path) -> None:
 
 def test_averaging_is_asked_for_explicitly(tiny, perturbed) -> None:
     averaged = Translator.from_checkpoint([tiny.checkpoint, perturbed], average=True)
-    assert len(averaged.models) == 1
+    assert len(averaged.backend.models) == 1
     expected = (load_checkpoint(tiny.checkpoint)["model"]["output_projection.weight"] + load_checkpoint(perturbed)["model"]["output_projection.weight"]) / 2
     torch.testing.assert_close(averaged.model.output_projection.weight.detach(), expected)
 

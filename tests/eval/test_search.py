@@ -78,7 +78,7 @@ def test_beam_search_finds_the_best_sequence_of_exhaustive_search(lenpen: float,
 def test_beam_1_equals_greedy(tiny) -> None:
     translator = Translator.from_checkpoint(tiny.checkpoint)
     sources = [np.array(ids + [EOS_ID]) for ids in translator.src_spm.encode(tiny.test_src)]
-    src, src_lengths = translator._collate(sources, np.array([len(s) for s in sources]))
+    src, src_lengths = translator.backend.collate(sources, np.array([len(s) for s in sources]))
     cfg = EvalConfig(beam=1)
     greedy = generate(translator.model, src, src_lengths, cfg)
     ensemble = Ensemble([translator.model])

@@ -1,0 +1,146 @@
+"""The PyTorch side of a :class:`~nmt.eval.translate.Translator`: checkpoints loaded on a device (one
+model, an ensemble, or averaged weights), searched batch by batch (``nmt.eval.search``) and scored
+by forced decoding. The Translator imports this module only for checkpoints: an exported CTranslate2
+model (``nmt.eval.ct2_model``) translates without importing torch at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.checkpoint_io import load_averaged_checkpoint, load_model_checkpoint, same_vocab, tensor_to_bytes
+from nmt.config import EvalConfig, ModelConfig, from_dict
+from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
+from nmt.eval.ensemble import Ensemble
+from nmt.eval.hypothesis import Hypothesis
+from nmt.eval.search import generate
+from nmt.model import TransformerModel, build_model
+
+logger = logging.getLogger("nmt.eval")
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """``--device``: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: no CUDA device is available (use --device auto or cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def decode_dtype(device: torch.device, precision: str | torch.dtype | None) -> torch.dtype | None:
+    """The weights' dtype for ``precision`` ("float16", "bfloat16" or a torch dtype) on ``device``;
+    None keeps float32.
+
+    On the CPU half precision is ignored with one warning: half-precision matrix products there are
+    slower than float32 (fairseq users type --fp16 out of habit; a 4x slower decode with no word was issue 13).
+    """
+    if precision is None:
+        return None
+    dtype = getattr(torch, precision) if isinstance(precision, str) else precision
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"decoding precision: float16, bfloat16 or float32, got {precision}")
+    if device.type == "cpu" and dtype != torch.float32:
+        flag = "--fp16" if dtype == torch.float16 else "--bf16"
+        logger.warning("%s ignored on the CPU (half-precision is slower there): decoding in float32", flag)
+        return None
+    return dtype
+
+
+class TorchModels:
+    """One model or an ensemble (the mean of their probabilities) on one device."""
+
+    def __init__(self, models: Sequence[TransformerModel]) -> None:
+        self.models = [model.eval() for model in models]
+        self.ensemble = Ensemble(self.models)
+        self.device = next(self.models[0].parameters()).device
+        self.max_source_positions = self.ensemble.max_source_positions
+        self.max_target_positions = self.ensemble.max_target_positions
+
+    @classmethod
+    def load(
+        cls, paths: Sequence[str], *, device: str | torch.device, average: bool, dtype: str | torch.dtype | None
+    ) -> tuple[TorchModels, SentencePieceModel, SentencePieceModel]:
+        """Checkpoints -> the models on ``device`` with the SentencePiece models they carry."""
+        device = resolve_device(device)
+        dtype = decode_dtype(device, dtype)
+        logger.info("decoding on %s with PyTorch", device)
+        if average or len(paths) == 1:
+            named_states = [(paths[0], load_averaged_checkpoint(paths))]
+        else:
+            named_states = [(p, load_model_checkpoint(p)) for p in paths]
+        first_path, first = named_states[0]
+        for other_path, state in named_states[1:]:
+            if not same_vocab(state["vocab"], first["vocab"]):
+                raise ValueError(
+                    f"{other_path}: vocabulary differs from {first_path}'s; the models of an ensemble "
+                    "must share their SentencePiece models and languages"
+                )
+        vocab = first["vocab"]
+        if vocab.get("special_ids") != SPECIAL_IDS:
+            raise ValueError(f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
+        models = [_build_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states]
+        src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)")
+        tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)")
+        return cls(models), src_spm, tgt_spm
+
+    def searcher(self, cfg: EvalConfig) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
+        """The search of one batch (sources, EOS last, cut to lengths), for one ``generate`` call: a
+        sampling search draws from one generator seeded with ``cfg.seed`` across its batches."""
+        generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
+
+        def search(sources: list[np.ndarray], lengths: np.ndarray) -> list[list[Hypothesis]]:
+            src_tokens, src_lengths = self.collate(sources, lengths)
+            return generate(self.ensemble, src_tokens, src_lengths, cfg, generator=generator)
+
+        return search
+
+    @torch.inference_mode()
+    def score_batch(
+        self,
+        sources: list[np.ndarray],
+        src_lengths: np.ndarray,
+        targets: np.ndarray,
+        *,
+        temperature: float,
+        need_attention: bool,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Forced decoding of ``targets`` (B, T) (PAD after each one's EOS): token log-probabilities
+        (B, T) and, with ``need_attention``, the last decoder layer's cross-attention (B, T, S)."""
+        src_tokens, batch_src_lengths = self.collate(sources, src_lengths)
+        target = torch.from_numpy(targets).to(self.device)
+        prev_output = torch.cat([torch.full_like(target[:, :1], BOS_ID), target[:, :-1]], dim=1)
+        scores, attention = self.ensemble.score_targets(
+            src_tokens, batch_src_lengths, prev_output, target, temperature=temperature, need_attention=need_attention
+        )
+        return scores.cpu().numpy(), None if attention is None else attention.cpu().numpy()
+
+    def collate(self, sources: list[np.ndarray], lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded (B, S) int64 source and lengths (B,); over-long sources keep their EOS."""
+        tokens = np.full((len(sources), int(lengths.max())), PAD_ID, dtype=np.int64)
+        for row, (source, length) in enumerate(zip(sources, lengths)):
+            tokens[row, : length - 1] = source[: length - 1]
+            tokens[row, length - 1] = EOS_ID
+        return torch.from_numpy(tokens).to(self.device), torch.from_numpy(lengths).to(self.device)
+
+
+def _build_model(state: dict[str, Any], *, name: str) -> TransformerModel:
+    # Incremental decoding runs on the padded layout; let the device pick its backend (a model
+    # trained with --attention varlen or xformers on GPU must still decode on a CPU).
+    model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
+    model = build_model(model_cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise ValueError(f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})") from None
+    return model
