@@ -57,6 +57,33 @@ def decode_dtype(device: torch.device, precision: str | torch.dtype | None) -> t
     return dtype
 
 
+def load_models(
+    paths: Sequence[str], *, device: str | torch.device, average: bool, dtype: str | torch.dtype | None
+) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel]:
+    """Checkpoints -> the models on ``device`` with the SentencePiece models they carry."""
+    device = resolve_device(device)
+    dtype = decode_dtype(device, dtype)
+    logger.info("decoding on %s with PyTorch", device)
+    if average or len(paths) == 1:
+        named_states = [(paths[0], load_averaged_checkpoint(paths))]
+    else:
+        named_states = [(p, load_model_checkpoint(p)) for p in paths]
+    first_path, first = named_states[0]
+    for other_path, state in named_states[1:]:
+        if not same_vocab(state["vocab"], first["vocab"]):
+            raise ValueError(
+                f"{other_path}: vocabulary differs from {first_path}'s; the models of an ensemble "
+                "must share their SentencePiece models and languages"
+            )
+    vocab = first["vocab"]
+    if vocab.get("special_ids") != SPECIAL_IDS:
+        raise ValueError(f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
+    models = [_build_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states]
+    src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)")
+    tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)")
+    return models, src_spm, tgt_spm
+
+
 class TorchModels:
     """One model or an ensemble (the mean of their probabilities) on one device."""
 
@@ -66,33 +93,6 @@ class TorchModels:
         self.device = next(self.models[0].parameters()).device
         self.max_source_positions = self.ensemble.max_source_positions
         self.max_target_positions = self.ensemble.max_target_positions
-
-    @classmethod
-    def load(
-        cls, paths: Sequence[str], *, device: str | torch.device, average: bool, dtype: str | torch.dtype | None
-    ) -> tuple[TorchModels, SentencePieceModel, SentencePieceModel]:
-        """Checkpoints -> the models on ``device`` with the SentencePiece models they carry."""
-        device = resolve_device(device)
-        dtype = decode_dtype(device, dtype)
-        logger.info("decoding on %s with PyTorch", device)
-        if average or len(paths) == 1:
-            named_states = [(paths[0], load_averaged_checkpoint(paths))]
-        else:
-            named_states = [(p, load_model_checkpoint(p)) for p in paths]
-        first_path, first = named_states[0]
-        for other_path, state in named_states[1:]:
-            if not same_vocab(state["vocab"], first["vocab"]):
-                raise ValueError(
-                    f"{other_path}: vocabulary differs from {first_path}'s; the models of an ensemble "
-                    "must share their SentencePiece models and languages"
-                )
-        vocab = first["vocab"]
-        if vocab.get("special_ids") != SPECIAL_IDS:
-            raise ValueError(f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
-        models = [_build_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states]
-        src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)")
-        tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)")
-        return cls(models), src_spm, tgt_spm
 
     def searcher(self, cfg: EvalConfig) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
         """The search of one batch (sources, EOS last, cut to lengths), for one ``generate`` call: a

@@ -149,8 +149,8 @@ class Translator:
             return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
         from nmt.eval import torch_model
 
-        models, src_spm, tgt_spm = torch_model.TorchModels.load(paths, device=device, average=average, dtype=dtype)
-        return cls(models.models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
+        models, src_spm, tgt_spm = torch_model.load_models(paths, device=device, average=average, dtype=dtype)
+        return cls(models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
 
     @overload
     def translate(self, lines: str, *, progress: bool = False, **options: Any) -> str: ...

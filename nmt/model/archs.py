@@ -28,11 +28,11 @@ def _sides(**values: Any) -> dict[str, Any]:
 
 def transformer_tiny(**overrides: Any) -> ModelConfig:
     """Small data on small machines, nmt-train's default: 3+3 layers, 128 dim, 4 heads, FFN 512,
-    dropout 0.3, all embeddings shared (the decoder's input and output only, with a vocabulary per
+    dropout 0.1, all embeddings shared (the decoder's input and output only, with a vocabulary per
     language). Chosen on Multi30k val for BLEU per CPU minute: examples/multi30k/README.md."""
     values = _sides(layers=3, embed_dim=128, ffn_embed_dim=512, attention_heads=4)
     sharing = {"share_all_embeddings": True, "share_decoder_input_output_embed": True}
-    return _preset({**values, **sharing, "dropout": 0.3}, overrides)
+    return _preset({**values, **sharing, "dropout": 0.1}, overrides)
 
 
 def transformer_base(**overrides: Any) -> ModelConfig:
