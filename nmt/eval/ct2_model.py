@@ -81,8 +81,13 @@ def _device_and_index(device: str, ctranslate2: Any) -> tuple[str, int]:
         return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
     match = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", device)
     if match is None:
-        raise ValueError(f"--device: CTranslate2 runs on cpu or cuda, got {device}")
-    return match.group(1), int(match.group(2) or 0)
+        raise ValueError(f"--device {device}: CTranslate2 runs on cpu or cuda")
+    device_type, index = match.group(1), int(match.group(2) or 0)
+    if device_type == "cuda" and index >= ctranslate2.get_cuda_device_count():
+        count = ctranslate2.get_cuda_device_count()
+        available = f"only {count} CUDA device(s) here" if count else "no CUDA device is available (use --device auto or cpu)"
+        raise ValueError(f"--device {device}: {available}")
+    return device_type, index
 
 
 class CT2Model:

@@ -145,6 +145,8 @@ class Translator:
         if not paths:
             raise ValueError("--path: no checkpoint given")
         if len(paths) == 1 and os.path.isdir(paths[0]):
+            if dtype is not None:
+                logger.warning("%s: an export runs the type it was exported with; %s ignored", paths[0], dtype)
             exported = CT2Model.load(paths[0], device=str(device))
             return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
         from nmt.eval import torch_model

@@ -152,6 +152,12 @@ def test_cli_export_then_nmt_eval_on_the_directory(tiny, tmp_path, capsys) -> No
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".ct2")]  # no temporary left
 
 
+def test_half_precision_flags_are_ignored_on_an_export_with_a_warning(tiny, exported, caplog) -> None:
+    theirs = Translator.from_checkpoint(exported, dtype="float16")
+    assert theirs.translate(tiny.test_src[:3]) == Translator.from_checkpoint(exported).translate(tiny.test_src[:3])
+    assert any("runs the type it was exported with; float16 ignored" in r.getMessage() for r in caplog.records)
+
+
 def test_an_exported_model_translates_without_importing_torch(tiny, exported) -> None:
     """Deployment start-up: torch's import is most of a short nmt-eval's time, and an export does
     without it (nmt-eval on a split, scored, and the Python API)."""
@@ -218,6 +224,11 @@ def test_directory_errors_name_the_directory(tiny, exported, tmp_path, monkeypat
         theirs.score_targets(sources, [list(source[:-1]) for source in sources])
     with pytest.raises(ValueError, match="not one written by nmt-export"):
         Translator.from_checkpoint(str(tmp_path))
+    with pytest.raises(ValueError, match="--device mps: CTranslate2 runs on cpu or cuda"):
+        Translator.from_checkpoint(exported, device="mps")
+    if ctranslate2.get_cuda_device_count() == 0:
+        with pytest.raises(ValueError, match=r"--device cuda:0: no CUDA device is available \(use --device auto or cpu\)"):
+            Translator.from_checkpoint(exported, device="cuda:0")
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     with pytest.raises(ValueError, match=r"needs the ctranslate2 package: pip install 'nmt\[ct2\]'"):
         Translator.from_checkpoint(exported)
