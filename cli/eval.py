@@ -140,6 +140,8 @@ def _decode(
 
 def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     translator = load_translator(io, cfg)
+    if io.format == "fairseq" or io.score_reference:
+        translator.require_forced_decoding()  # before any decoding, not after the whole input
     job = _open_job(io, cfg, translator)
     fairseq_lines = FairseqLines(translator.src_spm, translator.tgt_spm, post_process=io.post_process is not None) if io.format == "fairseq" else None
     if fairseq_lines is not None:

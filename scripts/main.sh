@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README's first command: set up, then the Multi30k en-de recipe (examples/multi30k/run.sh):
 # preprocess, train with nmt-train's defaults for MINUTES (default 12) of wall clock, average the
-# last checkpoints, translate test2016 with beam 5 and print sacreBLEU/chrF. Outputs: runs/multi30k/.
+# last checkpoints from 20 minutes on, translate test2016 with beam 5 and print sacreBLEU/chrF. Outputs: runs/multi30k/
 # Running it again resumes (and, once the budget is spent, only evaluates).
 set -euo pipefail
 cd "$(dirname "$0")/.."

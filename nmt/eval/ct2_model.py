@@ -77,21 +77,23 @@ def read_export_manifest(directory: str) -> dict[str, Any]:
 
 def _device_and_index(device: str, ctranslate2: Any) -> tuple[str, int]:
     """``--device`` as CTranslate2 names it: auto, cpu, cuda, ``cuda:1`` -> ("cuda", 1)."""
+    count = ctranslate2.get_cuda_device_count()
     if device == "auto":
-        return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
+        return ("cuda" if count > 0 else "cpu"), 0
     match = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", device)
     if match is None:
         raise ValueError(f"--device {device}: CTranslate2 runs on cpu or cuda")
     device_type, index = match.group(1), int(match.group(2) or 0)
-    if device_type == "cuda" and index >= ctranslate2.get_cuda_device_count():
-        count = ctranslate2.get_cuda_device_count()
+    if device_type == "cuda" and index >= count:
         available = f"only {count} CUDA device(s) here" if count else "no CUDA device is available (use --device auto or cpu)"
         raise ValueError(f"--device {device}: {available}")
     return device_type, index
 
 
 class CT2Model:
-    """What the Translator needs of a model (``cfg``, ``eval()``), plus the search of a whole batch."""
+    """The Translator's backend for an export: CTranslate2 runs the search of each whole batch."""
+
+    forced_decoding = False  # a teacher-forced forward (given targets scored) is what the export leaves out
 
     def __init__(
         self,
@@ -146,13 +148,6 @@ class CT2Model:
     def searcher(self, cfg: EvalConfig) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
         """The search of one batch (sources, EOS last, cut to lengths) under ``cfg``."""
         return functools.partial(self.generate_batch, cfg=cfg)
-
-    def score_batch(self, *args: Any, **kwargs: Any) -> Any:
-        """Forced decoding (a teacher-forced forward) is what the export leaves out."""
-        raise ValueError(
-            f"{self.name}: scoring given targets (--format fairseq, --print-alignment, --score-reference) "
-            "needs the PyTorch checkpoint; an exported directory only translates"
-        )
 
     def generate_batch(self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
         """Sources (EOS last) cut to ``lengths`` -> n-best hypotheses each; sentences that ran past their

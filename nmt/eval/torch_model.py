@@ -87,6 +87,8 @@ def load_models(
 class TorchModels:
     """One model or an ensemble (the mean of their probabilities) on one device."""
 
+    forced_decoding = True  # score_batch: given targets scored by a teacher-forced forward
+
     def __init__(self, models: Sequence[TransformerModel]) -> None:
         self.models = [model.eval() for model in models]
         self.ensemble = Ensemble(self.models)

@@ -144,7 +144,10 @@ class Translator:
         paths = [path] if isinstance(path, str) else list(path)
         if not paths:
             raise ValueError("--path: no checkpoint given")
-        if len(paths) == 1 and os.path.isdir(paths[0]):
+        directories = [p for p in paths if os.path.isdir(p)]
+        if directories and len(paths) > 1:
+            raise ValueError(f"--path {directories[0]}: an exported directory decodes alone (no ensemble, no average); pass checkpoint files")
+        if directories:
             if dtype is not None:
                 logger.warning("%s: an export runs the type it was exported with; %s ignored", paths[0], dtype)
             exported = CT2Model.load(paths[0], device=str(device))
@@ -193,6 +196,15 @@ class Translator:
                 bar.update(len(indices))
         return results
 
+    def require_forced_decoding(self) -> None:
+        """Raise (one line) unless the backend can score given targets: fairseq's P-/A- lines and
+        --score-reference need it, and an export only translates."""
+        if not self.backend.forced_decoding:
+            raise ValueError(
+                f"{self.model.name}: scoring given targets (--format fairseq, --print-alignment, --score-reference) "
+                "needs the PyTorch checkpoint; an exported directory only translates"
+            )
+
     def score_targets(
         self,
         sources: Sequence[np.ndarray],
@@ -205,6 +217,7 @@ class Translator:
         given its source, from the ensemble, batched like ``generate``; with ``need_attention``
         also the last decoder layer's cross-attention. Targets longer than the model's positions
         are scored on their first positions only (counted in a warning)."""
+        self.require_forced_decoding()
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets: they must align")
         cfg = self.config

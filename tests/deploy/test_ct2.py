@@ -158,6 +158,26 @@ def test_half_precision_flags_are_ignored_on_an_export_with_a_warning(tiny, expo
     assert any("runs the type it was exported with; float16 ignored" in r.getMessage() for r in caplog.records)
 
 
+def test_nmt_eval_refuses_forced_decoding_on_an_export_before_reading_input(exported, tmp_path, capsys) -> None:
+    broken = tmp_path / "broken.en"
+    broken.write_bytes(b"\xff not UTF-8\n")  # read first, this would be the error
+    assert eval_main(["--path", exported, "--input", str(broken), "--format", "fairseq"]) == 1
+    assert "needs the PyTorch checkpoint; an exported directory only translates" in capsys.readouterr().err
+
+
+def test_ctranslate2_runs_one_thread_per_core_unless_told(exported, monkeypatch) -> None:
+    """CTranslate2's own default is 4 threads whatever the machine (oversubscribed on 2 cores)."""
+    threads = []
+    real = ctranslate2.Translator
+    monkeypatch.setattr(ctranslate2, "Translator", lambda *args, **kwargs: threads.append(kwargs["intra_threads"]) or real(*args, **kwargs))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    CT2Model.load(exported)
+    CT2Model.load(exported, threads=3)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    CT2Model.load(exported)  # 0: CTranslate2 then reads OMP_NUM_THREADS
+    assert threads == [len(os.sched_getaffinity(0)), 3, 0]
+
+
 def test_an_exported_model_translates_without_importing_torch(tiny, exported) -> None:
     """Deployment start-up: torch's import is most of a short nmt-eval's time, and an export does
     without it (nmt-eval on a split, scored, and the Python API)."""
@@ -229,6 +249,8 @@ def test_directory_errors_name_the_directory(tiny, exported, tmp_path, monkeypat
     if ctranslate2.get_cuda_device_count() == 0:
         with pytest.raises(ValueError, match=r"--device cuda:0: no CUDA device is available \(use --device auto or cpu\)"):
             Translator.from_checkpoint(exported, device="cuda:0")
+    with pytest.raises(ValueError, match="an exported directory decodes alone"):
+        Translator.from_checkpoint([tiny.checkpoint, exported])
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     with pytest.raises(ValueError, match=r"needs the ctranslate2 package: pip install 'nmt\[ct2\]'"):
         Translator.from_checkpoint(exported)
