@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -38,7 +38,9 @@ PAD, BOS, NUM_SPECIALS = 0, 1, 4
 class Batch:
     src_lengths: torch.Tensor  # (B,)
     tgt_lengths: torch.Tensor  # (B,)
-    padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B, S), prev (B, T), target (B, T)
+    padded: tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor
+    ]  # src (B, S), prev (B, T), target (B, T)
     packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (Ns,), prev (Nt,), target (Nt,)
 
     @property
@@ -46,8 +48,9 @@ class Batch:
         return int(self.tgt_lengths.sum())
 
 
-
-def multi30k_like_lengths(num_samples: int, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def multi30k_like_lengths(
+    num_samples: int, *, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Source/target lengths (pieces + EOS): log-normal around 14, clipped to 3-40, correlated."""
     src = np.clip(np.round(rng.lognormal(np.log(13.0), 0.35, num_samples)), 3, 40).astype(np.int64)
     tgt = np.clip(np.round(src * rng.normal(1.05, 0.15, num_samples)), 3, 40).astype(np.int64)
@@ -71,16 +74,23 @@ def token_budget_batches(
     return batches
 
 
-def make_batch(src_lengths: np.ndarray, tgt_lengths: np.ndarray, *, vocab: int, device: torch.device) -> Batch:
+def make_batch(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, *, vocab: int, device: torch.device
+) -> Batch:
     src_len = torch.from_numpy(src_lengths)
     tgt_len = torch.from_numpy(tgt_lengths)
     src_valid = torch.arange(int(src_len.max())) < src_len[:, None]  # (B, S)
     tgt_valid = torch.arange(int(tgt_len.max())) < tgt_len[:, None]  # (B, T)
     src = torch.randint(NUM_SPECIALS, vocab, src_valid.shape).masked_fill(~src_valid, PAD)
     target = torch.randint(NUM_SPECIALS, vocab, tgt_valid.shape).masked_fill(~tgt_valid, PAD)
-    prev = torch.cat([torch.full((target.shape[0], 1), BOS), target[:, :-1]], dim=1).masked_fill(~tgt_valid, PAD)
+    prev = torch.cat([torch.full((target.shape[0], 1), BOS), target[:, :-1]], dim=1).masked_fill(
+        ~tgt_valid, PAD
+    )
     padded = tuple(t.to(device) for t in (src, prev, target))
-    packed = tuple(t[valid].to(device) for t, valid in ((src, src_valid), (prev, tgt_valid), (target, tgt_valid)))
+    packed = tuple(
+        t[valid].to(device)
+        for t, valid in ((src, src_valid), (prev, tgt_valid), (target, tgt_valid))
+    )
     return Batch(src_len.to(device), tgt_len.to(device), padded, packed)  # type: ignore[arg-type]
 
 
@@ -92,7 +102,9 @@ def train_step(model: TransformerModel, batch: Batch, *, packed: bool, autocast:
             hidden = model(src, batch.src_lengths, prev, batch.tgt_lengths, packed=True)  # (Nt, D)
         else:
             src, prev, target = batch.padded
-            hidden = model(src, batch.src_lengths, prev, batch.tgt_lengths)[target != PAD]  # (Nt, D)
+            hidden = model(src, batch.src_lengths, prev, batch.tgt_lengths)[
+                target != PAD
+            ]  # (Nt, D)
             target = target[target != PAD]
         logits = model.output_projection(hidden)  # (Nt, V): only real positions are projected
         loss = F.cross_entropy(logits.float(), target, reduction="sum")
@@ -110,12 +122,20 @@ def time_step(model: TransformerModel, batch: Batch, *, packed: bool, autocast: 
 
 
 def run_layouts(
-    backend: str, *, device: torch.device, batches: dict[str, list[Batch]], repeats: int, autocast: bool, vocab: int
+    backend: str,
+    *,
+    device: torch.device,
+    batches: dict[str, list[Batch]],
+    repeats: int,
+    autocast: bool,
+    vocab: int,
 ) -> None:
     """Target tokens per second of each layout; layouts alternate batch by batch, so load from other
     processes on the machine falls on all of them alike (one warm-up pass is not timed)."""
     torch.manual_seed(0)
-    cfg = ARCHS["transformer_tiny"](src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, attention=backend)
+    cfg = ARCHS["transformer_tiny"](
+        src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, attention=backend
+    )
     model = build_model(cfg).to(device).train()
     layouts = [
         ("padded, random batches", "random", False),
@@ -162,7 +182,9 @@ def best_times(candidates: dict[str, Callable[[], None]], *, repeats: int) -> di
 
 def print_ratios(results: dict[str, float], *, baseline: str) -> None:
     for name, seconds in results.items():
-        print(f"  {name:34s} {seconds * 1e3:7.2f} ms   speed x{results[baseline] / seconds:4.2f} vs {baseline}")
+        print(
+            f"  {name:34s} {seconds * 1e3:7.2f} ms   speed x{results[baseline] / seconds:4.2f} vs {baseline}"
+        )
 
 
 def time_attention_forms(*, repeats: int) -> None:
@@ -172,10 +194,15 @@ def time_attention_forms(*, repeats: int) -> None:
     lengths = torch.from_numpy(multi30k_like_lengths(120, rng=np.random.default_rng(0))[0])  # (B,)
     packing = Packing.from_lengths(lengths, num_tokens=int(lengths.sum()))
     num_samples, length = lengths.shape[0], packing.max_len
-    print(f"\ncpu: attention call only, forward+backward (B={num_samples}, T={length}, H={num_heads}, Dh={head_dim})")
+    print(
+        f"\ncpu: attention call only, forward+backward (B={num_samples}, T={length}, H={num_heads}, Dh={head_dim})"
+    )
 
     valid = (torch.arange(length) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
-    padded = [torch.randn(num_samples, num_heads, length, head_dim, generator=generator).requires_grad_() for _ in range(3)]
+    padded = [
+        torch.randn(num_samples, num_heads, length, head_dim, generator=generator).requires_grad_()
+        for _ in range(3)
+    ]
     masks = {
         "bool (B,1,1,S)": valid,
         "bool (B,1,T,S) materialised": valid.expand(-1, 1, length, -1).contiguous(),
@@ -184,13 +211,23 @@ def time_attention_forms(*, repeats: int) -> None:
     }
     print_ratios(
         best_times(
-            {name: lambda m=mask: F.scaled_dot_product_attention(*padded, attn_mask=m).sum().backward() for name, mask in masks.items()},
+            {
+                name: lambda m=mask: (
+                    F.scaled_dot_product_attention(*padded, attn_mask=m).sum().backward()
+                )
+                for name, mask in masks.items()
+            },
             repeats=repeats,
         ),
         baseline="bool (B,1,1,S)",
     )
 
-    packed = [torch.randn(packing.positions.shape[0], num_heads, head_dim, generator=generator).requires_grad_() for _ in range(3)]
+    packed = [
+        torch.randn(
+            packing.positions.shape[0], num_heads, head_dim, generator=generator
+        ).requires_grad_()
+        for _ in range(3)
+    ]
     gathered = AttentionMask("sdpa", key_lengths=lengths, q_packing=packing, kv_packing=packing)
     sample_of_token = torch.repeat_interleave(torch.arange(num_samples), lengths)  # (N,)
     same_sample = sample_of_token[:, None] == sample_of_token[None, :]  # (N, N)
@@ -199,13 +236,21 @@ def time_attention_forms(*, repeats: int) -> None:
     print_ratios(
         best_times(
             {
-                "packed, gather around SDPA (ours)": lambda: attention(*packed, gathered, dropout_p=0.0).sum().backward(),
-                "packed, dense block-diagonal mask": lambda: F.scaled_dot_product_attention(
-                    *as_one_sequence, attn_mask=block_diagonal
-                ).sum().backward(),
-                "padded input (no gather, bound)": lambda: F.scaled_dot_product_attention(
-                    *padded, attn_mask=masks["float additive (B,1,1,S)"]
-                ).sum().backward(),
+                "packed, gather around SDPA (ours)": lambda: (
+                    attention(*packed, gathered, dropout_p=0.0).sum().backward()
+                ),
+                "packed, dense block-diagonal mask": lambda: (
+                    F.scaled_dot_product_attention(*as_one_sequence, attn_mask=block_diagonal)
+                    .sum()
+                    .backward()
+                ),
+                "padded input (no gather, bound)": lambda: (
+                    F.scaled_dot_product_attention(
+                        *padded, attn_mask=masks["float additive (B,1,1,S)"]
+                    )
+                    .sum()
+                    .backward()
+                ),
             },
             repeats=repeats,
         ),
@@ -214,13 +259,17 @@ def time_attention_forms(*, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--num-batches", type=int, default=4, help="distinct batches per layout")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the batches")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -235,8 +284,12 @@ def main() -> None:
     shuffled = rng.permutation(len(src))
     batchings = {
         "random": token_budget_batches(shuffled, src, tgt, max_tokens=args.max_tokens, padded=True),
-        "sorted": token_budget_batches(np.lexsort((tgt, src)), src, tgt, max_tokens=args.max_tokens, padded=True),
-        "packed": token_budget_batches(shuffled, src, tgt, max_tokens=args.max_tokens, padded=False),
+        "sorted": token_budget_batches(
+            np.lexsort((tgt, src)), src, tgt, max_tokens=args.max_tokens, padded=True
+        ),
+        "packed": token_budget_batches(
+            shuffled, src, tgt, max_tokens=args.max_tokens, padded=False
+        ),
     }
     # The last batch of a batching is a remainder: never picked.
     picks = {
@@ -251,11 +304,18 @@ def main() -> None:
             for key, indices in picks.items()
         }
         on_cuda = device.type == "cuda"
-        print(f"\n{device.type}: transformer_tiny, one training step (fp32{' -> bf16 autocast' if on_cuda else ''})")
+        print(
+            f"\n{device.type}: transformer_tiny, one training step (fp32{' -> bf16 autocast' if on_cuda else ''})"
+        )
         for backend in ("sdpa", "xformers", "varlen") if on_cuda else ("sdpa",):
             try:
                 run_layouts(
-                    backend, device=device, batches=batches, repeats=args.repeats, autocast=on_cuda, vocab=args.vocab
+                    backend,
+                    device=device,
+                    batches=batches,
+                    repeats=args.repeats,
+                    autocast=on_cuda,
+                    vocab=args.vocab,
                 )
             except ValueError as error:  # a backend that cannot run here (e.g. no xFormers)
                 print(f"  {backend:9s} skipped: {error}")

@@ -46,17 +46,34 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def ensure_data(data_dir: str) -> None:
     if os.path.exists(os.path.join(data_dir, "manifest.json")):
         return
-    preprocess = shutil.which("nmt-preprocess") or os.path.join(os.path.dirname(sys.executable), "nmt-preprocess")
+    preprocess = shutil.which("nmt-preprocess") or os.path.join(
+        os.path.dirname(sys.executable), "nmt-preprocess"
+    )
     prefix = os.path.join(REPO, "data", "multi30k")
     print(f"building {data_dir} with nmt-preprocess ...", flush=True)
     subprocess.run(
-        [preprocess, "--source-lang", "en", "--target-lang", "de", "--trainpref", f"{prefix}/train",
-         "--validpref", f"{prefix}/val", "--testpref", f"{prefix}/test_2016_flickr", "--destdir", data_dir],
+        [
+            preprocess,
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            f"{prefix}/train",
+            "--validpref",
+            f"{prefix}/val",
+            "--testpref",
+            f"{prefix}/test_2016_flickr",
+            "--destdir",
+            data_dir,
+        ],
         check=True,
     )
 
 
-def batches_in_order(order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> Batches:
+def batches_in_order(
+    order: np.ndarray, src: np.ndarray, tgt: np.ndarray, max_tokens: int
+) -> Batches:
     """Greedy token-budget batches over a given sample order (for the baselines)."""
     offsets = greedy_offsets(src[order], tgt[order], max_tokens, packed=False)
     return Batches(order, offsets[:-1], offsets[1:])
@@ -73,7 +90,9 @@ def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
         return lambda epoch: global_batches(src, tgt, cfg, seed=1, epoch=epoch)
 
     def random_batches(epoch: int) -> Batches:
-        return batches_in_order(np.random.default_rng([0, epoch]).permutation(src.shape[0]), src, tgt, max_tokens)
+        return batches_in_order(
+            np.random.default_rng([0, epoch]).permutation(src.shape[0]), src, tgt, max_tokens
+        )
 
     def fairseq(epoch: int) -> Batches:
         # fairseq's ordered_indices: a random permutation, then stable sorts; target is the
@@ -92,29 +111,48 @@ def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
         "ours, ties (default)": ours(),
     }
     print(f"\n== Multi30k train ({src.shape[0]} pairs), max_tokens {max_tokens} ==")
-    print(f"{'method':44s} {'padding eff.':>12s} {'vs fairseq':>10s} {'batches':>8s} {'changed e0->e1':>16s}")
+    print(
+        f"{'method':44s} {'padding eff.':>12s} {'vs fairseq':>10s} {'batches':>8s} {'changed e0->e1':>16s}"
+    )
     rows = {}
     for name, make in methods.items():
         first, second = make(0), make(1)
-        rows[name] = (padding_efficiency(first, src, tgt), len(first), share_changed(first, second), first)
+        rows[name] = (
+            padding_efficiency(first, src, tgt),
+            len(first),
+            share_changed(first, second),
+            first,
+        )
     reference = rows["fairseq sort (target, source)"][0]
-    for name, (efficiency, num_batches, changed, first) in rows.items():
+    for name, (efficiency, num_batches, changed, _first) in rows.items():
         changed_count = round(changed * num_batches)
-        print(f"{name:44s} {efficiency:12.3f} {efficiency / reference:9.3f}x {num_batches:8d} "
-              f"{changed:7.1%} ({changed_count}/{num_batches})")
+        print(
+            f"{name:44s} {efficiency:12.3f} {efficiency / reference:9.3f}x {num_batches:8d} "
+            f"{changed:7.1%} ({changed_count}/{num_batches})"
+        )
 
     default = rows["ours, ties (default)"][3]
     print("\n== per-rank token load (real source + target tokens), default mode ==")
     tokens = src + tgt
     for world in (2, 8):
-        for name, sample_tokens in (("interleaved r, r+W, ...", None), ("balanced per step (sampler)", tokens)):
+        for name, sample_tokens in (
+            ("interleaved r, r+W, ...", None),
+            ("balanced per step (sampler)", tokens),
+        ):
             loads = [
-                int(batch_tokens(shard(default, num_replicas=world, rank=r, sample_tokens=sample_tokens), tokens).sum())
+                int(
+                    batch_tokens(
+                        shard(default, num_replicas=world, rank=r, sample_tokens=sample_tokens),
+                        tokens,
+                    ).sum()
+                )
                 for r in range(world)
             ]
             low, high = min(loads), max(loads)
-            print(f"{world} ranks, {name:28s}: min {low:7d}  max {high:7d}  max/min {high / low:.4f}  "
-                  f"(target within 2%: {'met' if high / low <= 1.02 else 'MISSED'})")
+            print(
+                f"{world} ranks, {name:28s}: min {low:7d}  max {high:7d}  max/min {high / low:.4f}  "
+                f"(target within 2%: {'met' if high / low <= 1.02 else 'MISSED'})"
+            )
 
 
 def synthetic_lengths(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,14 +164,18 @@ def synthetic_lengths(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
 
 def speed_table(num_samples: int, max_tokens: int) -> None:
     src, tgt = synthetic_lengths(num_samples)
-    print(f"\n== one epoch of batches for {num_samples:,} synthetic samples, max_tokens {max_tokens} ==")
+    print(
+        f"\n== one epoch of batches for {num_samples:,} synthetic samples, max_tokens {max_tokens} =="
+    )
     for mode in tqdm(["ties", "length"], desc="batching", leave=False):
         cfg = BatchingConfig(max_tokens=max_tokens, noise_mode=mode)
         start = time.perf_counter()
         batches = global_batches(src, tgt, cfg, seed=1, epoch=0)
         seconds = time.perf_counter() - start
-        tqdm.write(f"noise_mode={mode:6s}: {seconds:6.2f} s  ({len(batches):,} batches; target < 10 s: "
-              f"{'met' if seconds < 10 else 'MISSED'})")
+        tqdm.write(
+            f"noise_mode={mode:6s}: {seconds:6.2f} s  ({len(batches):,} batches; target < 10 s: "
+            f"{'met' if seconds < 10 else 'MISSED'})"
+        )
 
 
 def _free_port() -> int:
@@ -167,7 +209,8 @@ def sample_sort_table(num_keys: int) -> None:
         results = ctx.Queue()
         port = _free_port()
         processes = [
-            ctx.Process(target=_sort_worker, args=(r, world_size, port, num_keys, results)) for r in range(world_size)
+            ctx.Process(target=_sort_worker, args=(r, world_size, port, num_keys, results))
+            for r in range(world_size)
         ]
         for p in processes:
             p.start()
@@ -177,11 +220,15 @@ def sample_sort_table(num_keys: int) -> None:
         times[world_size] = max(seconds for _, seconds, _ in got)
         sizes = [size for _, _, size in sorted(got)]
         tqdm.write(f"{world_size} process(es): {times[world_size]:6.2f} s  (slice sizes {sizes})")
-    print(f"speed-up 2 vs 1: {times[1] / times[2]:.2f}x (both processes share this machine's cores)")
+    print(
+        f"speed-up 2 vs 1: {times[1] / times[2]:.2f}x (both processes share this machine's cores)"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default=os.path.join(REPO, "runs", "bench-data"))
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--samples", type=int, default=10_000_000)

@@ -23,8 +23,14 @@ import time
 
 import numpy as np
 
-from nmt.data.blend import allocate_samples, build_blend_index, fill_blocks, make_plan
-from nmt.data.blend import normalize_weights, weights_from_temperature
+from nmt.data.blend import (
+    allocate_samples,
+    build_blend_index,
+    fill_blocks,
+    make_plan,
+    normalize_weights,
+    weights_from_temperature,
+)
 
 
 def corpora(num_corpora: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +59,11 @@ def child(num_samples: int, num_corpora: int, num_threads: int | None) -> None:
     start = time.perf_counter()
     plan = make_plan(sizes, weights, num_samples, seed=0, epoch=1)
     fill_blocks(
-        plan, corpus_ids, sample_ids, first_block=0, last_block=plan.num_blocks,
+        plan,
+        corpus_ids,
+        sample_ids,
+        first_block=0,
+        last_block=plan.num_blocks,
         num_threads=num_threads or os.cpu_count() or 1,
     )
     mapped_seconds = time.perf_counter() - start
@@ -62,12 +72,20 @@ def child(num_samples: int, num_corpora: int, num_threads: int | None) -> None:
     # The floor under any build: writing the output's bytes into fresh memory. On our VMs first
     # touch is slow and varies with load, so measure it here, after the build (1 GB, scaled).
     start = time.perf_counter()
-    np.zeros(2**30, dtype=np.uint8)[:: 4096] = 1
+    np.zeros(2**30, dtype=np.uint8)[::4096] = 1
     touch = (time.perf_counter() - start) * output_bytes / 2**30
-    print(json.dumps(
-        {"seconds": seconds, "mapped": mapped_seconds, "cpu": cpu_seconds, "peak": peak_bytes, "output": output_bytes,
-         "touch": touch}
-    ))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "mapped": mapped_seconds,
+                "cpu": cpu_seconds,
+                "peak": peak_bytes,
+                "output": output_bytes,
+                "touch": touch,
+            }
+        )
+    )
 
 
 def greedy_reference(weights: np.ndarray, num_samples: int) -> np.ndarray:
@@ -97,8 +115,10 @@ def main() -> None:
     print(f"{args.corpora} corpora, sizes 1e4..1e7 (sum {sizes.sum():,}), temperature-5 weights")
     # CPU seconds (all threads) next to wall time: the machine is shared, so wall time alone
     # mixes our cost with other people's load.
-    print(f"{'samples':>14} {'build s':>8} {'CPU s':>7} {'ns/sample':>10} {'peak RSS GB':>12} "
-          f"{'output GB':>10} {'first-touch floor s':>20} {'build, mapped memory s':>23}")
+    print(
+        f"{'samples':>14} {'build s':>8} {'CPU s':>7} {'ns/sample':>10} {'peak RSS GB':>12} "
+        f"{'output GB':>10} {'first-touch floor s':>20} {'build, mapped memory s':>23}"
+    )
     per_sample = []
     for num_samples in map(parse_count, args.samples.split(",")):
         print(f"  building {num_samples:,} ...", file=sys.stderr, flush=True)
@@ -106,8 +126,13 @@ def main() -> None:
         command += ["--corpora", str(args.corpora)]
         command += [] if args.threads is None else ["--threads", str(args.threads)]
         result = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
-        per_sample.append((num_samples, result["seconds"] / num_samples * 1e9,
-                           result["mapped"] / num_samples * 1e9))
+        per_sample.append(
+            (
+                num_samples,
+                result["seconds"] / num_samples * 1e9,
+                result["mapped"] / num_samples * 1e9,
+            )
+        )
         print(
             f"{num_samples:>14,} {result['seconds']:>8.2f} {result['cpu']:>7.2f} "
             f"{per_sample[-1][1]:>10.2f} "
@@ -131,15 +156,23 @@ def main() -> None:
     start = time.perf_counter()
     build_blend_index(sizes, weights, num_samples, seed=0, epoch=0, num_threads=args.threads)
     build_seconds = time.perf_counter() - start
-    print(f"greedy reference vs ours at {num_samples:,} samples x {args.corpora} corpora "
-          "(same counts):")
-    print(f"  reference allocation loop {reference_seconds:.2f} s, our allocation "
-          f"{ours_seconds * 1e3:.2f} ms: {reference_seconds / ours_seconds:,.0f}x")
-    print(f"  reference allocation loop vs our whole index (allocation + samples + order) "
-          f"{build_seconds * 1e3:.1f} ms: {reference_seconds / build_seconds:,.0f}x")
+    print(
+        f"greedy reference vs ours at {num_samples:,} samples x {args.corpora} corpora "
+        "(same counts):"
+    )
+    print(
+        f"  reference allocation loop {reference_seconds:.2f} s, our allocation "
+        f"{ours_seconds * 1e3:.2f} ms: {reference_seconds / ours_seconds:,.0f}x"
+    )
+    print(
+        f"  reference allocation loop vs our whole index (allocation + samples + order) "
+        f"{build_seconds * 1e3:.1f} ms: {reference_seconds / build_seconds:,.0f}x"
+    )
     extrapolated = reference_seconds * 1e9 / num_samples
-    print(f"  reference extrapolated to 1B samples (linear in N at fixed k): "
-          f"{extrapolated / 3600:.1f} h")
+    print(
+        f"  reference extrapolated to 1B samples (linear in N at fixed k): "
+        f"{extrapolated / 3600:.1f} h"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,15 @@ FAIRSEQ_BEAM5_SENTENCES_PER_S = 48.0
 FAIRSEQ_BEAM5_TOKENS_PER_S = 780.0
 
 
-def run(translator: Translator, sources: list, references: list[str], *, beam: int, batch_size: int, repeats: int) -> dict[str, float]:
+def run(
+    translator: Translator,
+    sources: list,
+    references: list[str],
+    *,
+    beam: int,
+    batch_size: int,
+    repeats: int,
+) -> dict[str, float]:
     """Best of ``repeats`` timed decodes (the first warms up allocator and kernels when repeats > 1)."""
     elapsed = float("inf")
     for _ in range(repeats):
@@ -47,7 +55,12 @@ def run(translator: Translator, sources: list, references: list[str], *, beam: i
     num_tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses)
     texts = [nbest[0].text for nbest in translator.detokenize(hypotheses)]
     bleu = translator.score(texts, references[: len(texts)])[0].score
-    return {"seconds": elapsed, "sentences/s": len(sources) / elapsed, "tokens/s": num_tokens / elapsed, "bleu": bleu}
+    return {
+        "seconds": elapsed,
+        "sentences/s": len(sources) / elapsed,
+        "tokens/s": num_tokens / elapsed,
+        "bleu": bleu,
+    }
 
 
 def weights_mib(path: str) -> float:
@@ -63,16 +76,41 @@ def disk_mib(path: str) -> float:
     return os.path.getsize(path) / 2**20
 
 
-def run_process(path: str, data: str, split: str, output: str, *, beam: int, batch_size: int, threads: int | None) -> dict[str, float]:
+def run_process(
+    path: str,
+    data: str,
+    split: str,
+    output: str,
+    *,
+    beam: int,
+    batch_size: int,
+    threads: int | None,
+) -> dict[str, float]:
     """One ``nmt-eval`` process: wall time, peak resident memory (of that child alone), its figures, BLEU."""
-    command = [sys.executable, "-m", "nmt_cli.eval", data, "--path", path, "--split", split, "--beam", str(beam),
-               "--batch-size", str(batch_size), "--output", output]
+    command = [
+        sys.executable,
+        "-m",
+        "nmt_cli.eval",
+        data,
+        "--path",
+        path,
+        "--split",
+        split,
+        "--beam",
+        str(beam),
+        "--batch-size",
+        str(batch_size),
+        "--output",
+        output,
+    ]
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
         # OMP_NUM_THREADS sets torch's intra-op threads and CTranslate2's (it reads it when not told).
         env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
         process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env)
-        _, status, usage = os.wait4(process.pid, 0)  # reaped here: wait4 gives this child's own peak RSS
+        _, status, usage = os.wait4(
+            process.pid, 0
+        )  # reaped here: wait4 gives this child's own peak RSS
         wall = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)
         stdout.seek(0)
@@ -100,7 +138,9 @@ def compare_backends(args: argparse.Namespace) -> None:
         if not os.path.exists(os.path.join(directory, "nmt_export.json")):
             export_ctranslate2([args.path], directory, quantization=quantization, force=True)
     backends = (("torch", args.path), ("ct2 float32", args.ct2_dir), ("ct2 int8", args.int8_dir))
-    threads = f"OMP_NUM_THREADS={args.process_threads}" if args.process_threads else "default threads"
+    threads = (
+        f"OMP_NUM_THREADS={args.process_threads}" if args.process_threads else "default threads"
+    )
     print(
         f"\nbackends: nmt-eval {args.data} --split {args.split} --beam 5 --batch-size {args.batch_size}, one process each, "
         f"{threads}, best of {args.repeats} rounds (each round runs the three in turn)"
@@ -109,10 +149,20 @@ def compare_backends(args: argparse.Namespace) -> None:
     results: dict[str, dict[str, float]] = {}
     hypotheses = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for _ in range(args.repeats):  # the machine is shared: the fastest round of each is its own speed
+        for _ in range(
+            args.repeats
+        ):  # the machine is shared: the fastest round of each is its own speed
             for name, path in backends:
                 output = os.path.join(scratch, name.replace(" ", "-") + ".hyp")
-                result = run_process(path, args.data, args.split, output, beam=5, batch_size=args.batch_size, threads=args.process_threads)
+                result = run_process(
+                    path,
+                    args.data,
+                    args.split,
+                    output,
+                    beam=5,
+                    batch_size=args.batch_size,
+                    threads=args.process_threads,
+                )
                 if name not in results or result["wall"] < results[name]["wall"]:
                     results[name] = result
                 with open(output, encoding="utf-8") as handle:
@@ -144,7 +194,9 @@ def compare_search(args: argparse.Namespace) -> None:
     split = load_split(args.data, args.split, src_spm=translator.src_spm)
     reference_path = args.reference or split.reference_path
     if reference_path is None:
-        raise SystemExit(f"the manifest of {args.data} names no raw reference text; pass --reference")
+        raise SystemExit(
+            f"the manifest of {args.data} names no raw reference text; pass --reference"
+        )
     references = read_references(reference_path, line_numbers=split.line_numbers)
     sources = split.sources[: args.limit]
     num_params = sum(p.numel() for p in translator.model.parameters())
@@ -154,11 +206,20 @@ def compare_search(args: argparse.Namespace) -> None:
     )
     # Figures from a busy machine are not comparable: say how busy it was.
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print(f"{'search':>7}  {'batch':>5}  {'seconds':>8}  {'sent/s':>8}  {'tokens/s':>9}  {'BLEU':>6}  {'batched vs 1':>12}")
+    print(
+        f"{'search':>7}  {'batch':>5}  {'seconds':>8}  {'sent/s':>8}  {'tokens/s':>9}  {'BLEU':>6}  {'batched vs 1':>12}"
+    )
     results = {}
     for beam in (1, 5):
         for batch_size in (args.batch_size, 1):
-            results[beam, batch_size] = run(translator, sources, references, beam=beam, batch_size=batch_size, repeats=args.repeats)
+            results[beam, batch_size] = run(
+                translator,
+                sources,
+                references,
+                beam=beam,
+                batch_size=batch_size,
+                repeats=args.repeats,
+            )
         for batch_size in (args.batch_size, 1):
             r = results[beam, batch_size]
             ratio = r["sentences/s"] / results[beam, 1]["sentences/s"]
@@ -182,16 +243,41 @@ def main() -> None:
     parser.add_argument("--path", default="runs/ckpt/checkpoint_best.pt")
     parser.add_argument("--data", default="runs/data")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--reference", help="raw reference text (default: the one the manifest names)")
+    parser.add_argument(
+        "--reference", help="raw reference text (default: the one the manifest names)"
+    )
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=1, help="timed decodes in process, or rounds of processes (best of)")
-    parser.add_argument("--limit", type=int, help="only the first N sentences (quick runs; figures are then not the reference's)")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads in this process (default: torch's, one per core)")
-    parser.add_argument("--ct2-dir", default="runs/ct2", help="float32 export of --path (made when missing)")
-    parser.add_argument("--int8-dir", default="runs/ct2-int8", help="int8 export of --path (made when missing)")
-    parser.add_argument("--process-threads", type=int, help="compute threads of each nmt-eval process (default: each backend's own)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed decodes in process, or rounds of processes (best of)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        help="only the first N sentences (quick runs; figures are then not the reference's)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads in this process (default: torch's, one per core)",
+    )
+    parser.add_argument(
+        "--ct2-dir", default="runs/ct2", help="float32 export of --path (made when missing)"
+    )
+    parser.add_argument(
+        "--int8-dir", default="runs/ct2-int8", help="int8 export of --path (made when missing)"
+    )
+    parser.add_argument(
+        "--process-threads",
+        type=int,
+        help="compute threads of each nmt-eval process (default: each backend's own)",
+    )
     parser.add_argument("--skip-in-process", action="store_true", help="only the backends table")
-    parser.add_argument("--skip-backends", action="store_true", help="only the in-process search table")
+    parser.add_argument(
+        "--skip-backends", action="store_true", help="only the in-process search table"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -201,14 +287,18 @@ def main() -> None:
         compare_backends(args)
 
 
-def print_extras(args: argparse.Namespace, translator: Translator, sources: list, plain: dict[str, float]) -> None:
+def print_extras(
+    args: argparse.Namespace, translator: Translator, sources: list, plain: dict[str, float]
+) -> None:
     """What nmt-eval's fairseq-style options cost over a plain beam-5 decode, in the same run:
     --format fairseq (per-token scores by forced decoding), --print-alignment, a 2-model ensemble
     (the checkpoint twice: the cost of a second model, whatever its weights)."""
     ensemble = Translator.from_checkpoint([args.path, args.path])
 
     def fairseq_lines(alignment: bool) -> None:
-        nbest = translator.detokenize(translator.generate(sources, beam=5, batch_size=args.batch_size))
+        nbest = translator.detokenize(
+            translator.generate(sources, beam=5, batch_size=args.batch_size)
+        )
         translator.add_token_scores(sources, nbest, alignment=alignment)
 
     cases = {
@@ -223,7 +313,9 @@ def print_extras(args: argparse.Namespace, translator: Translator, sources: list
             started = time.perf_counter()
             work()
             elapsed = min(elapsed, time.perf_counter() - started)
-        print(f"{name:>20}  {elapsed:>8.2f} s  {elapsed / plain['seconds']:>5.2f}x the plain decode")
+        print(
+            f"{name:>20}  {elapsed:>8.2f} s  {elapsed / plain['seconds']:>5.2f}x the plain decode"
+        )
 
 
 if __name__ == "__main__":

@@ -60,19 +60,34 @@ def build_corpus(prefix: str, num_pairs: int, *, compress: bool, seed: int = 0) 
         return
     src, tgt = multi30k_lines("en"), multi30k_lines("de")
     rng = np.random.default_rng(seed)
-    opener = (lambda path: gzip.open(path, "wb", compresslevel=6)) if compress else (lambda path: open(path, "wb"))
+    opener = (
+        (lambda path: gzip.open(path, "wb", compresslevel=6))
+        if compress
+        else (lambda path: open(path, "wb"))
+    )
     started = time.perf_counter()
-    with opener(f"{prefix}.en{suffix}.tmp") as out_src, opener(f"{prefix}.de{suffix}.tmp") as out_tgt:
+    with (
+        opener(f"{prefix}.en{suffix}.tmp") as out_src,
+        opener(f"{prefix}.de{suffix}.tmp") as out_tgt,
+    ):
         for start in range(0, num_pairs, 100_000):
             count = min(100_000, num_pairs - start)
             sizes = rng.integers(1, 4, size=count)
             picks = rng.integers(0, len(src), size=int(sizes.sum())).tolist()
             bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
             for lines, out in ((src, out_src), (tgt, out_tgt)):
-                out.write(b"".join(b" ".join(lines[p] for p in picks[a:b]) + b"\n" for a, b in zip(bounds, bounds[1:])))
+                out.write(
+                    b"".join(
+                        b" ".join(lines[p] for p in picks[a:b]) + b"\n"
+                        for a, b in zip(bounds, bounds[1:])
+                    )
+                )
     for lang in ("en", "de"):
         os.replace(f"{prefix}.{lang}{suffix}.tmp", f"{prefix}.{lang}{suffix}")
-    print(f"built {num_pairs:,} pairs at {prefix}.*{suffix} in {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"built {num_pairs:,} pairs at {prefix}.*{suffix} in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
 
 
 def _tree(pid: int) -> list[int]:
@@ -101,7 +116,9 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
-def run_measured(command: list[str], *, env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+def run_measured(
+    command: list[str], *, env: dict[str, str] | None = None
+) -> tuple[float, float, float, str]:
     """(seconds, CPU seconds, peak summed PSS in GB, stderr) of a command and all its descendants.
 
     CPU seconds (user + system of the whole tree) do not depend on what else the machine runs:
@@ -109,7 +126,9 @@ def run_measured(command: list[str], *, env: dict[str, str] | None = None) -> tu
     peak = 0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     done = threading.Event()
 
     def sample() -> None:
@@ -132,8 +151,19 @@ def run_measured(command: list[str], *, env: dict[str, str] | None = None) -> tu
 
 def preprocess_command(prefix: str, destdir: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "nmt_cli.preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", prefix,
-        "--destdir", destdir, "--overwrite", *extra,
+        sys.executable,
+        "-m",
+        "nmt_cli.preprocess",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        prefix,
+        "--destdir",
+        destdir,
+        "--overwrite",
+        *extra,
     ]
 
 
@@ -164,7 +194,9 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/nmt-bench")
     parser.add_argument("--steps", default="given,threads,dedup,train-gz,sharded,in-memory")
-    parser.add_argument("--keep", action="store_true", help="keep the datasets (data-given is kept always)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the datasets (data-given is kept always)"
+    )
     args = parser.parse_args()
     steps = args.steps.split(",")
     os.makedirs(args.workdir, exist_ok=True)
@@ -174,7 +206,12 @@ def main() -> None:
     # A SentencePiece model trained on Multi30k itself (the "given" model).
     model_dir = os.path.join(args.workdir, "spm-multi30k")
     if not os.path.exists(os.path.join(model_dir, "spm.model")):
-        subprocess.run(preprocess_command(os.path.join(MULTI30K, "train"), model_dir), check=True, env=env, capture_output=True)
+        subprocess.run(
+            preprocess_command(os.path.join(MULTI30K, "train"), model_dir),
+            check=True,
+            env=env,
+            capture_output=True,
+        )
     spm_model = os.path.join(model_dir, "spm.model")
 
     plain = os.path.join(args.workdir, f"synthetic-{args.pairs}")
@@ -182,44 +219,114 @@ def main() -> None:
         build_corpus(plain, args.pairs, compress=False)
     if "given" in steps:
         seconds, cpu, peak, _ = run_measured(
-            preprocess_command(plain, os.path.join(args.workdir, "data-given"), "--spm-model", spm_model, "--workers", str(args.workers)), env=env
+            preprocess_command(
+                plain,
+                os.path.join(args.workdir, "data-given"),
+                "--spm-model",
+                spm_model,
+                "--workers",
+                str(args.workers),
+            ),
+            env=env,
         )
-        rows.append((f"given model, plain text, {args.workers} worker processes", args.pairs, seconds, cpu, peak))
+        rows.append(
+            (
+                f"given model, plain text, {args.workers} worker processes",
+                args.pairs,
+                seconds,
+                cpu,
+                peak,
+            )
+        )
     if "threads" in steps:
         destdir = os.path.join(args.workdir, "data-threads")
         seconds, cpu, peak, _ = run_measured(
-            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--encoder", "threads"), env=env
+            preprocess_command(
+                plain,
+                destdir,
+                "--spm-model",
+                spm_model,
+                "--workers",
+                str(args.workers),
+                "--encoder",
+                "threads",
+            ),
+            env=env,
         )
-        rows.append((f"given model, plain text, 1 process x {args.workers} SentencePiece threads (--encoder threads)", args.pairs, seconds, cpu, peak))
+        rows.append(
+            (
+                f"given model, plain text, 1 process x {args.workers} SentencePiece threads (--encoder threads)",
+                args.pairs,
+                seconds,
+                cpu,
+                peak,
+            )
+        )
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
     if "dedup" in steps:
         destdir = os.path.join(args.workdir, "data-dedup")
         seconds, cpu, peak, _ = run_measured(
-            preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--dedup"), env=env
+            preprocess_command(
+                plain, destdir, "--spm-model", spm_model, "--workers", str(args.workers), "--dedup"
+            ),
+            env=env,
         )
         with open(os.path.join(destdir, "manifest.json")) as handle:
             duplicates = json.load(handle)["splits"]["train"]["filtered"]["duplicate"]
-        rows.append((f"given model, plain text, {args.workers} worker processes, --dedup ({duplicates:,} dropped)", args.pairs, seconds, cpu, peak))
+        rows.append(
+            (
+                f"given model, plain text, {args.workers} worker processes, --dedup ({duplicates:,} dropped)",
+                args.pairs,
+                seconds,
+                cpu,
+                peak,
+            )
+        )
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
     if "sharded" in steps:
         destdir = os.path.join(args.workdir, "data-sharded")
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.shards), "-m",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(args.shards),
+            "-m",
             *preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", "1")[2:],
         ]
         seconds, cpu, peak, _ = run_measured(command, env={**env, "OMP_NUM_THREADS": "1"})
-        rows.append((f"given model, plain text, torchrun {args.shards} ranks x 1 process (parts)", args.pairs, seconds, cpu, peak))
+        rows.append(
+            (
+                f"given model, plain text, torchrun {args.shards} ranks x 1 process (parts)",
+                args.pairs,
+                seconds,
+                cpu,
+                peak,
+            )
+        )
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
     if "train-gz" in steps:
         gz = os.path.join(args.workdir, f"synthetic-{args.gz_pairs}-gz")
         build_corpus(gz, args.gz_pairs, compress=True, seed=1)
         destdir = os.path.join(args.workdir, "data-train-gz")
-        seconds, cpu, peak, stderr = run_measured(preprocess_command(gz, destdir, "--workers", str(args.workers)), env=env)
-        trained = [line.split("| ")[-1] for line in stderr.splitlines() if "trained SentencePiece" in line]
-        rows.append((f"SentencePiece trained (default sample), gzip text, {args.workers} workers", args.gz_pairs, seconds, cpu, peak))
+        seconds, cpu, peak, stderr = run_measured(
+            preprocess_command(gz, destdir, "--workers", str(args.workers)), env=env
+        )
+        trained = [
+            line.split("| ")[-1] for line in stderr.splitlines() if "trained SentencePiece" in line
+        ]
+        rows.append(
+            (
+                f"SentencePiece trained (default sample), gzip text, {args.workers} workers",
+                args.gz_pairs,
+                seconds,
+                cpu,
+                peak,
+            )
+        )
         print(*trained, sep="\n")
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
@@ -227,20 +334,39 @@ def main() -> None:
         small = os.path.join(args.workdir, f"synthetic-{args.in_memory_pairs}")
         build_corpus(small, args.in_memory_pairs, compress=False)
         out = os.path.join(args.workdir, "in-memory")
-        seconds, cpu, peak, _ = run_measured([sys.executable, "-c", IN_MEMORY, small, spm_model, out], env=env)
-        rows.append(("in memory (nmt-preprocess before streaming), 2 threads", args.in_memory_pairs, seconds, cpu, peak))
+        seconds, cpu, peak, _ = run_measured(
+            [sys.executable, "-c", IN_MEMORY, small, spm_model, out], env=env
+        )
+        rows.append(
+            (
+                "in memory (nmt-preprocess before streaming), 2 threads",
+                args.in_memory_pairs,
+                seconds,
+                cpu,
+                peak,
+            )
+        )
         for lang in ("en", "de"):
             for ext in (".bin", ".idx"):
                 os.remove(f"{out}.{lang}{ext}")
 
     load = os.getloadavg()
-    print(f"\nnmt-preprocess at scale (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores)")
+    print(
+        f"\nnmt-preprocess at scale (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores)"
+    )
     cores = os.cpu_count() or 1
-    print(f"{'step':<78} {'pairs':>12} {'seconds':>8} {'pairs/s':>9} {'CPU s':>8} {'pairs/CPU-s':>11} {'peak PSS':>9}")
+    print(
+        f"{'step':<78} {'pairs':>12} {'seconds':>8} {'pairs/s':>9} {'CPU s':>8} {'pairs/CPU-s':>11} {'peak PSS':>9}"
+    )
     for name, pairs, seconds, cpu, peak in rows:
-        print(f"{name:<78} {pairs:>12,} {seconds:>8.1f} {pairs / seconds:>9,.0f} {cpu:>8.1f} {pairs / cpu:>11,.0f} {peak:>7.2f} GB")
+        print(
+            f"{name:<78} {pairs:>12,} {seconds:>8.1f} {pairs / seconds:>9,.0f} {cpu:>8.1f} {pairs / cpu:>11,.0f} {peak:>7.2f} GB"
+        )
     print(f"(pairs/CPU-s x {cores} cores bounds the wall-clock rate on otherwise idle cores)")
-    multi30k_pairs = sum(len(gzip.open(os.path.join(MULTI30K, f"{name}.en.gz")).read().split(b"\n")) - 1 for name in ("train", "val", "test_2016_flickr"))
+    multi30k_pairs = sum(
+        len(gzip.open(os.path.join(MULTI30K, f"{name}.en.gz")).read().split(b"\n")) - 1
+        for name in ("train", "val", "test_2016_flickr")
+    )
     fairseq_rate = multi30k_pairs / FAIRSEQ_MULTI30K_SECONDS
     print(
         f"fairseq-preprocess reference: {fairseq_rate:,.0f} pairs/s on pre-encoded text ({multi30k_pairs:,} pairs in "
@@ -251,7 +377,9 @@ def main() -> None:
     processes = [rate for name, rate in rates.items() if name.endswith("worker processes")]
     threads = [rate for name, rate in rates.items() if "--encoder threads" in name]
     if processes and threads:
-        print(f"worker processes vs SentencePiece threads, wall clock: {processes[0] / threads[0]:.2f}x pairs/s")
+        print(
+            f"worker processes vs SentencePiece threads, wall clock: {processes[0] / threads[0]:.2f}x pairs/s"
+        )
 
 
 if __name__ == "__main__":

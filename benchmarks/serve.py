@@ -46,7 +46,9 @@ class Client:
         return response.status, json.loads(response.read())
 
 
-def translate_all(url: str, sentences: list[str], *, clients: int) -> tuple[float, list[float], list[str | None]]:
+def translate_all(
+    url: str, sentences: list[str], *, clients: int
+) -> tuple[float, list[float], list[str | None]]:
     """(seconds, per-request latencies, translations or None for a failure), with ``clients`` in parallel."""
     local = threading.local()
 
@@ -55,7 +57,11 @@ def translate_all(url: str, sentences: list[str], *, clients: int) -> tuple[floa
             local.client = Client(url)
         started = time.perf_counter()
         try:
-            status, body = local.client.request("POST", "/translate", json.dumps({"q": sentence, "source": "en", "target": "de"}).encode())
+            status, body = local.client.request(
+                "POST",
+                "/translate",
+                json.dumps({"q": sentence, "source": "en", "target": "de"}).encode(),
+            )
         except (OSError, http.client.HTTPException, ValueError):
             local.client = Client(url)
             return time.perf_counter() - started, None
@@ -64,23 +70,41 @@ def translate_all(url: str, sentences: list[str], *, clients: int) -> tuple[floa
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = list(pool.map(one, sentences))
-    return time.perf_counter() - started, [latency for latency, _ in results], [text for _, text in results]
+    return (
+        time.perf_counter() - started,
+        [latency for latency, _ in results],
+        [text for _, text in results],
+    )
 
 
 def bad_requests_answered(url: str) -> bool:
     """Bad requests get 4xx with a JSON error, and the service is healthy and translating afterwards."""
     client = Client(url)
-    bad = [b"{not json", b'{"source": "en"}', b'{"q": 42}', json.dumps({"q": "x\n" * 10_000}).encode(), b"x" * (2 << 20)]
+    bad = [
+        b"{not json",
+        b'{"source": "en"}',
+        b'{"q": 42}',
+        json.dumps({"q": "x\n" * 10_000}).encode(),
+        b"x" * (2 << 20),
+    ]
     statuses = []
     for body in bad:
         try:
             status, reply = client.request("POST", "/translate", body)
             statuses.append(status if "error" in reply else 0)
-        except (OSError, http.client.HTTPException):  # the server may close after refusing a huge body
+        except (
+            OSError,
+            http.client.HTTPException,
+        ):  # the server may close after refusing a huge body
             statuses.append(0)
         client = Client(url)
-    healthy = client.request("GET", "/health")[0] == 200 and client.request("POST", "/translate", b'{"q": "A dog."}')[0] == 200
-    print(f"bad requests -> {statuses} (all 4xx: {all(400 <= s < 500 for s in statuses)}), healthy afterwards: {healthy}")
+    healthy = (
+        client.request("GET", "/health")[0] == 200
+        and client.request("POST", "/translate", b'{"q": "A dog."}')[0] == 200
+    )
+    print(
+        f"bad requests -> {statuses} (all 4xx: {all(400 <= s < 500 for s in statuses)}), healthy afterwards: {healthy}"
+    )
     return all(400 <= s < 500 for s in statuses) and healthy
 
 
@@ -89,15 +113,34 @@ def nmt_eval(path: str, sentences: list[str], scratch: str) -> list[str]:
     output = os.path.join(scratch, "nmt-eval.txt")
     with open(source, "w", encoding="utf-8", newline="\n") as handle:
         handle.write("\n".join(sentences) + "\n")
-    subprocess.run([sys.executable, "-m", "nmt_cli.eval", "--path", path, "--input", source, "--output", output, "--beam", "5"],
-                   check=True, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt_cli.eval",
+            "--path",
+            path,
+            "--input",
+            source,
+            "--output",
+            output,
+            "--beam",
+            "5",
+        ],
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
     with open(output, encoding="utf-8") as handle:
         return handle.read().split("\n")[:-1]
 
 
 def start_server(path: str, log_path: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
     log = open(log_path, "w", encoding="utf-8")
-    process = subprocess.Popen([sys.executable, "-m", "nmt_cli.serve", "--path", path, "--port", "0", *extra], stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nmt_cli.serve", "--path", path, "--port", "0", *extra],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 300
     while True:
         with open(log_path, encoding="utf-8") as handle:
@@ -120,7 +163,9 @@ def benchmark(path: str, sentences: list[str], args: argparse.Namespace, scratch
     try:
         print(f"\n{path}: nmt-serve {url}, {len(sentences)} requests of one sentence each, beam 5")
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        print(f"{'clients':>7}  {'seconds':>7}  {'req/s':>6}  {'p50 ms':>7}  {'p99 ms':>7}  {'failed':>6}  {'= nmt-eval':>10}")
+        print(
+            f"{'clients':>7}  {'seconds':>7}  {'req/s':>6}  {'p50 ms':>7}  {'p99 ms':>7}  {'failed':>6}  {'= nmt-eval':>10}"
+        )
         rates = {}
         for clients in (1, args.clients):
             seconds, latencies, texts = translate_all(url, sentences, clients=clients)
@@ -131,11 +176,18 @@ def benchmark(path: str, sentences: list[str], args: argparse.Namespace, scratch
                 f"{clients:>7}  {seconds:>7.2f}  {rates[clients]:>6.1f}  {percentile_ms(latencies, 50):>7.0f}  "
                 f"{percentile_ms(latencies, 99):>7.0f}  {failed:>6}  {100 * same / len(sentences):>9.1f}%"
             )
-        print(f"{args.clients} concurrent clients vs one at a time: {rates[args.clients] / rates[1]:.2f}x the rate (target: 3x)")
+        print(
+            f"{args.clients} concurrent clients vs one at a time: {rates[args.clients] / rates[1]:.2f}x the rate (target: 3x)"
+        )
         ok = bad_requests_answered(url)
         with open(log_path, encoding="utf-8") as handle:
-            batches = [int(n) for n in re.findall(r"batch \d+: \d+ requests, (\d+) sentences", handle.read())]
-        print(f"{len(batches)} decodes, {np.mean(batches):.1f} sentences each on average, at most {max(batches)}")
+            batches = [
+                int(n)
+                for n in re.findall(r"batch \d+: \d+ requests, (\d+) sentences", handle.read())
+            ]
+        print(
+            f"{len(batches)} decodes, {np.mean(batches):.1f} sentences each on average, at most {max(batches)}"
+        )
         print(f"load average after: {os.getloadavg()[0]:.2f}")
         return ok
     finally:
@@ -145,17 +197,32 @@ def benchmark(path: str, sentences: list[str], args: argparse.Namespace, scratch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", action="append", help="checkpoint or exported directory (repeat; default runs/ckpt/checkpoint_best.pt)")
-    parser.add_argument("--data", default="runs/data", help="preprocessed data whose test split's raw source is sent")
+    parser.add_argument(
+        "--path",
+        action="append",
+        help="checkpoint or exported directory (repeat; default runs/ckpt/checkpoint_best.pt)",
+    )
+    parser.add_argument(
+        "--data",
+        default="runs/data",
+        help="preprocessed data whose test split's raw source is sent",
+    )
     parser.add_argument("--split", default="test")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[], help="passed to nmt-serve (last on the line)")
+    parser.add_argument(
+        "--serve-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="passed to nmt-serve (last on the line)",
+    )
     args = parser.parse_args()
     corpus = ParallelCorpus(args.data, args.split)
     if corpus.entry.input_prefix is None:
         parser.error(f"the manifest of {args.data} names no raw text for split {args.split!r}")
-    sentences = read_references(resolve_text_file(corpus.entry.input_prefix, corpus.manifest.source_lang))[: args.requests]
+    sentences = read_references(
+        resolve_text_file(corpus.entry.input_prefix, corpus.manifest.source_lang)
+    )[: args.requests]
     with tempfile.TemporaryDirectory() as scratch:
         for path in args.path or ["runs/ckpt/checkpoint_best.pt"]:
             benchmark(path, sentences, args, scratch)

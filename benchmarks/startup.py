@@ -62,17 +62,49 @@ PIECES = ("batches", "shard", "blend", "curriculum", "competence")
 def ensure_dataset(path: str, workdir: str) -> None:
     if os.path.isfile(os.path.join(path, "manifest.json")):
         return
-    print(f"building {path} with benchmarks/preprocess.py (10M pairs: several minutes) ...", flush=True)
-    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "preprocess.py"), "--pairs", "10M",
-                    "--steps", "given", "--workdir", workdir], check=True)
+    print(
+        f"building {path} with benchmarks/preprocess.py (10M pairs: several minutes) ...",
+        flush=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "preprocess.py"),
+            "--pairs",
+            "10M",
+            "--steps",
+            "given",
+            "--workdir",
+            workdir,
+        ],
+        check=True,
+    )
 
 
 def train_rows(data: str) -> list[tuple[str, str, str]]:
     with tempfile.TemporaryDirectory() as save_dir:
         command = [
-            sys.executable, "-m", "nmt_cli.train", data, "--save-dir", save_dir, "--arch", "transformer_tiny",
-            "--share-all-embeddings", "--max-tokens", "4096", "--layout", "packed", "--max-update", "10",
-            "--log-format", "json", "--log-interval", "1", "--no-epoch-checkpoints", "--no-progress-bar",
+            sys.executable,
+            "-m",
+            "nmt_cli.train",
+            data,
+            "--save-dir",
+            save_dir,
+            "--arch",
+            "transformer_tiny",
+            "--share-all-embeddings",
+            "--max-tokens",
+            "4096",
+            "--layout",
+            "packed",
+            "--max-update",
+            "10",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "1",
+            "--no-epoch-checkpoints",
+            "--no-progress-bar",
         ]
         log = os.path.join(save_dir, "train.jsonl")
         started = time.time()
@@ -83,9 +115,16 @@ def train_rows(data: str) -> list[tuple[str, str, str]]:
     first, tenth = records[0]["time"] - started, records[9]["time"] - started
     return [
         ("nmt-train: process start to update 1", f"{first:.1f} s", num_pairs),
-        ("nmt-train: process start to update 10", f"{tenth:.1f} s", f"target < 120 s: {'met' if tenth < 120 else 'MISSED'}"),
-        ("nmt-train: whole run (10 updates, save, exit)", f"{seconds:.1f} s ({cpu:.0f} CPU s)",
-         f"peak PSS {peak_gb:.2f} GB; target < 3 GB: {'met' if peak_gb < 3 else 'MISSED'}"),
+        (
+            "nmt-train: process start to update 10",
+            f"{tenth:.1f} s",
+            f"target < 120 s: {'met' if tenth < 120 else 'MISSED'}",
+        ),
+        (
+            "nmt-train: whole run (10 updates, save, exit)",
+            f"{seconds:.1f} s ({cpu:.0f} CPU s)",
+            f"peak PSS {peak_gb:.2f} GB; target < 3 GB: {'met' if peak_gb < 3 else 'MISSED'}",
+        ),
     ]
 
 
@@ -93,12 +132,18 @@ def piece_rows(sample_counts: list[int]) -> list[tuple[str, str, str]]:
     rows = []
     for num in sample_counts:
         for piece in PIECES:
-            result = subprocess.run([sys.executable, "-c", PIECE, str(num), piece], capture_output=True, text=True,
-                                    env={**os.environ, "PYTHONPATH": ROOT})
+            result = subprocess.run(
+                [sys.executable, "-c", PIECE, str(num), piece],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": ROOT},
+            )
             if result.returncode:
                 sys.exit(result.stderr[-2000:])
             seconds, peak_gb = map(float, result.stdout.split())
-            rows.append((f"{piece} at {num:,} samples", f"{seconds:.2f} s", f"peak RSS {peak_gb:.2f} GB"))
+            rows.append(
+                (f"{piece} at {num:,} samples", f"{seconds:.2f} s", f"peak RSS {peak_gb:.2f} GB")
+            )
             print(f"  {rows[-1]}", flush=True)
     return rows
 

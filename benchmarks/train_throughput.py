@@ -34,8 +34,22 @@ def ensure_data() -> None:
     if not os.path.exists(os.path.join(DATA, "manifest.json")):
         mk = os.path.join(ROOT, "data", "multi30k")
         subprocess.run(
-            [sys.executable, "-m", "nmt_cli.preprocess", "-s", "en", "-t", "de", "--trainpref", f"{mk}/train",
-             "--validpref", f"{mk}/val", "--destdir", DATA, "--overwrite"],
+            [
+                sys.executable,
+                "-m",
+                "nmt_cli.preprocess",
+                "-s",
+                "en",
+                "-t",
+                "de",
+                "--trainpref",
+                f"{mk}/train",
+                "--validpref",
+                f"{mk}/val",
+                "--destdir",
+                DATA,
+                "--overwrite",
+            ],
             check=True,
         )
 
@@ -43,9 +57,27 @@ def ensure_data() -> None:
 # Spelled out rather than left to --arch transformer_tiny: the preset is now smaller (nmt-train's
 # Multi30k defaults), and the fairseq figures and the --baseline-tree runs are of this model.
 REFERENCE_MODEL = [
-    "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-    "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
-    "--decoder-attention-heads", "4", "--dropout", "0.1", "--share-all-embeddings", "--max-tokens", "4096",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "3",
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "1024",
+    "--decoder-ffn-embed-dim",
+    "1024",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--dropout",
+    "0.1",
+    "--share-all-embeddings",
+    "--max-tokens",
+    "4096",
 ]
 
 
@@ -73,14 +105,18 @@ def random_batches(trainer, *, seed: int) -> list[np.ndarray]:
     return [order[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def measure(trainer, batches: list[np.ndarray], *, warmup: int, updates: int) -> tuple[float, float]:
+def measure(
+    trainer, batches: list[np.ndarray], *, warmup: int, updates: int
+) -> tuple[float, float]:
     """(target tokens/s, padding ratio) over ``updates`` updates after ``warmup`` untimed ones."""
     from nmt.data import Update
 
     tgt = trainer.plan.current.dataset.tgt_lengths
 
     def run(batch: np.ndarray):
-        return trainer.step(Update(trainer.plan.micro_batches(batch), int(tgt[batch].sum()), len(batch)))
+        return trainer.step(
+            Update(trainer.plan.micro_batches(batch), int(tgt[batch].sum()), len(batch))
+        )
 
     for batch in batches[:warmup]:
         run(batch)
@@ -107,10 +143,16 @@ def compile_for(trainer, batches: list[np.ndarray]) -> float:
         sizes = [int(max(data.src_lengths[b].sum(), data.tgt_lengths[b].sum())) for b in batches]
     else:
         sizes = [int(max(data.src_lengths[b].max(), data.tgt_lengths[b].max())) for b in batches]
-    needed = StaticShapes(tuple(sorted({static.shape_for(size) for size in sizes}, key=lambda s: s[1])), static.packed)
+    needed = StaticShapes(
+        tuple(sorted({static.shape_for(size) for size in sizes}, key=lambda s: s[1])), static.packed
+    )
     trainer.compiled = compile_for_shapes(
-        trainer.step.wrapped, needed, trainer.step.forward_loss, device=trainer.session.device,
-        world_size=1, to_device=lambda batch: to_device(batch, trainer.session.device),
+        trainer.step.wrapped,
+        needed,
+        trainer.step.forward_loss,
+        device=trainer.session.device,
+        world_size=1,
+        to_device=lambda batch: to_device(batch, trainer.session.device),
     )
     trainer.step.runner = trainer.compiled.module
     return trainer.compiled.warmup_seconds
@@ -120,13 +162,18 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
     import torch
 
     rows = []
-    configs = [("padded + random batches", "padded", "random"), ("padded + our sampler", "padded", "sampler"),
-               ("packed + our sampler", "packed", "sampler")]
-    for compiled in ([False] if args.skip_compile else [False, True]):
+    configs = [
+        ("padded + random batches", "padded", "random"),
+        ("padded + our sampler", "padded", "sampler"),
+        ("packed + our sampler", "packed", "sampler"),
+    ]
+    for compiled in [False] if args.skip_compile else [False, True]:
         for label, layout, batching in configs:
             name = label + (" + compile" if compiled else "")
             with tempfile.TemporaryDirectory() as tmp:
-                extra = ["--layout", layout] + (["--compile", "--length-multiple", "16"] if compiled else [])
+                extra = ["--layout", layout] + (
+                    ["--compile", "--length-multiple", "16"] if compiled else []
+                )
                 trainer = make_trainer(tmp, *extra)
                 if batching == "random":
                     batches = random_batches(trainer, seed=1)
@@ -136,7 +183,9 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
                 note = ""
                 if compiled:
                     note = f"warm-up {compile_for(trainer, batches):.0f} s for {len(trainer.compiled.shapes)} shapes"
-                tokens_per_s, padding = measure(trainer, batches, warmup=args.warmup, updates=args.updates)
+                tokens_per_s, padding = measure(
+                    trainer, batches, warmup=args.warmup, updates=args.updates
+                )
                 rows.append((name, tokens_per_s, padding, note))
                 print(f"  {name}: {tokens_per_s:,.0f} tok/s", flush=True)
             if compiled:
@@ -155,9 +204,20 @@ LAUNCH = (
 
 def nmt_train_tokens_per_second(tree: str, procs: int, args: argparse.Namespace) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        train_args = [DATA, "--save-dir", tmp, *REFERENCE_MODEL,
-                      "--max-update", str(args.warmup + args.updates), "--log-format", "json", "--log-interval", "1",
-                      "--layout", args.process_layout]
+        train_args = [
+            DATA,
+            "--save-dir",
+            tmp,
+            *REFERENCE_MODEL,
+            "--max-update",
+            str(args.warmup + args.updates),
+            "--log-format",
+            "json",
+            "--log-interval",
+            "1",
+            "--layout",
+            args.process_layout,
+        ]
         launch = ["-c", LAUNCH, tree, *train_args]
         if procs == 1:
             command = [sys.executable, *launch]
@@ -166,7 +226,16 @@ def nmt_train_tokens_per_second(tree: str, procs: int, args: argparse.Namespace)
             script = os.path.join(tmp, "launch.py")
             with open(script, "w") as handle:
                 handle.write(LAUNCH)
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", script, tree, *train_args]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                script,
+                tree,
+                *train_args,
+            ]
         env = {**os.environ, "OMP_NUM_THREADS": str(2 // procs)}
         result = subprocess.run(command, capture_output=True, text=True, env=env)
         if result.returncode != 0:
@@ -191,12 +260,21 @@ def process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]
         name = f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)"
         for label, _ in trees:
             runs = measured[label]
-            note = f"{args.process_layout} + our sampler; runs: " + ", ".join(f"{r:,.0f}" for r in runs)
+            note = f"{args.process_layout} + our sampler; runs: " + ", ".join(
+                f"{r:,.0f}" for r in runs
+            )
             rows.append((name + label, float(np.median(runs)), float("nan"), note))
             print(f"  {rows[-1][0]}: {rows[-1][1]:,.0f} tok/s", flush=True)
         if args.baseline_tree:
             ratio = np.median(measured[""]) / np.median(measured[" [baseline]"])
-            rows.append((f"  this tree / baseline ({procs} proc)", float("nan"), float("nan"), f"{ratio:.3f}x"))
+            rows.append(
+                (
+                    f"  this tree / baseline ({procs} proc)",
+                    float("nan"),
+                    float("nan"),
+                    f"{ratio:.3f}x",
+                )
+            )
     return rows
 
 
@@ -207,22 +285,38 @@ def main() -> None:
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--process-layout", default="packed", choices=("padded", "packed"))
-    parser.add_argument("--baseline-tree", help="another checkout (e.g. a git worktree of an older commit) to run beside this one")
-    parser.add_argument("--repeats", type=int, default=1, help="nmt-train runs per tree and process count (alternating)")
+    parser.add_argument(
+        "--baseline-tree",
+        help="another checkout (e.g. a git worktree of an older commit) to run beside this one",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="nmt-train runs per tree and process count (alternating)",
+    )
     args = parser.parse_args()
     ensure_data()
     print("measuring ...", flush=True)
     rows = in_process_rows(args) + ([] if args.skip_processes else process_rows(args))
     baseline = rows[0][1]
-    print(f"\nMulti30k en-de, transformer_tiny, --max-tokens 4096, fp32, {args.updates} timed updates each")
-    print(f"{'configuration':<46} {'tgt tok/s':>10} {'vs random':>9} {'vs fairseq':>10} {'padding':>8}  note")
+    print(
+        f"\nMulti30k en-de, transformer_tiny, --max-tokens 4096, fp32, {args.updates} timed updates each"
+    )
+    print(
+        f"{'configuration':<46} {'tgt tok/s':>10} {'vs random':>9} {'vs fairseq':>10} {'padding':>8}  note"
+    )
     for name, tokens_per_s, padding, note in rows:
         pad = "" if np.isnan(padding) else f"{padding:.1%}"
         if np.isnan(tokens_per_s):
             print(f"{name:<46} {'-':>10} {'-':>9} {'-':>10} {pad:>8}  {note}")
             continue
-        print(f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / baseline:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}")
-    print(f"fairseq 0.12.2 reference on this machine: {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s (target: 1.3x = {1.3 * FAIRSEQ_TOKENS_PER_SECOND:,.0f})")
+        print(
+            f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / baseline:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}"
+        )
+    print(
+        f"fairseq 0.12.2 reference on this machine: {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s (target: 1.3x = {1.3 * FAIRSEQ_TOKENS_PER_SECOND:,.0f})"
+    )
 
 
 if __name__ == "__main__":

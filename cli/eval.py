@@ -15,7 +15,14 @@ import numpy as np
 
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.eval.output import FairseqLines, base2, plain_lines
-from nmt.eval.translate import Translation, Translator, count_lines, iter_line_chunks, load_split, read_references
+from nmt.eval.translate import (
+    Translation,
+    Translator,
+    count_lines,
+    iter_line_chunks,
+    load_split,
+    read_references,
+)
 from nmt.fileio import atomic_write
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
@@ -40,20 +47,33 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
-    return run_main("nmt-eval", lambda: _evaluate(config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)))
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
+    return run_main(
+        "nmt-eval",
+        lambda: _evaluate(config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)),
+    )
 
 
 def checkpoint_paths(io: EvalIOConfig) -> list[str]:
     """The checkpoints --path names (``:`` separates them; --average-last: the newest of a save dir)."""
     if io.average_last is not None:
-        from nmt.checkpoint_io import last_checkpoints  # here: torch, which an exported model does without
+        from nmt.checkpoint_io import (
+            last_checkpoints,  # here: torch, which an exported model does without
+        )
 
         return last_checkpoints(io.path, io.average_last)
     paths = io.checkpoint_paths
     for path in paths:
         parts = path.split(",")
-        if not os.path.exists(path) and len(parts) > 1 and all(os.path.isfile(part) for part in parts):
+        if (
+            not os.path.exists(path)
+            and len(parts) > 1
+            and all(os.path.isfile(part) for part in parts)
+        ):
             raise ValueError(
                 f"--path {path}: no such file; a comma does not separate checkpoints: "
                 f"{':'.join(parts)} ensembles them, --average --path {':'.join(parts)} averages their weights"
@@ -65,7 +85,9 @@ def load_translator(io: EvalIOConfig, cfg: EvalConfig) -> Translator:
     """The one place nmt-eval turns --path into a Translator (an ensemble, or averaged weights)."""
     dtype = "float16" if io.fp16 else "bfloat16" if io.bf16 else None
     average = io.average or io.average_last is not None
-    return Translator.from_checkpoint(checkpoint_paths(io), device=io.device, config=cfg, average=average, dtype=dtype)
+    return Translator.from_checkpoint(
+        checkpoint_paths(io), device=io.device, config=cfg, average=average, dtype=dtype
+    )
 
 
 @dataclass
@@ -88,28 +110,48 @@ def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
         split = load_split(io.data_dir, io.split, src_spm=translator.src_spm)
         reference_path = io.reference or split.reference_path
         if reference_path is None:
-            raise ValueError(f"{io.data_dir}: the manifest names no raw text for split {io.split!r}; pass --reference")
-        references = read_references(reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers)
-        return Job(iter([Chunk(0, split.sources)]), references, reference_path, io.split, interactive=False)
+            raise ValueError(
+                f"{io.data_dir}: the manifest names no raw text for split {io.split!r}; pass --reference"
+            )
+        references = read_references(
+            reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
+        )
+        return Job(
+            iter([Chunk(0, split.sources)]), references, reference_path, io.split, interactive=False
+        )
 
     from_stdin = io.input in (None, "-")
     references = None
     if io.reference is not None:
         num_lines = None if from_stdin else count_lines(io.input)  # stdin is counted as it streams
         references = read_references(io.reference, num_lines=num_lines)
-    buffer_size = cfg.buffer_size or (1 if from_stdin and sys.stdin.isatty() else DEFAULT_BUFFER_SIZE)
+    buffer_size = cfg.buffer_size or (
+        1 if from_stdin and sys.stdin.isatty() else DEFAULT_BUFFER_SIZE
+    )
 
     def chunks() -> Iterator[Chunk]:
         with contextlib.ExitStack() as stack:
-            handle, name = (sys.stdin.buffer, "<stdin>") if from_stdin else (stack.enter_context(open(io.input, "rb")), io.input)
+            handle, name = (
+                (sys.stdin.buffer, "<stdin>")
+                if from_stdin
+                else (stack.enter_context(open(io.input, "rb")), io.input)
+            )
             start = 0
             for lines in iter_line_chunks(handle, size=buffer_size, name=name):
                 if references is not None and start + len(lines) > len(references):
-                    raise ValueError(f"{io.reference}: the reference has {len(references)} lines but {name} has more")
+                    raise ValueError(
+                        f"{io.reference}: the reference has {len(references)} lines but {name} has more"
+                    )
                 yield Chunk(start, translator.encode(lines))
                 start += len(lines)
 
-    return Job(chunks(), references, io.reference, "stdin" if from_stdin else io.input, interactive=buffer_size == 1)
+    return Job(
+        chunks(),
+        references,
+        io.reference,
+        "stdin" if from_stdin else io.input,
+        interactive=buffer_size == 1,
+    )
 
 
 @contextlib.contextmanager
@@ -125,13 +167,23 @@ def _open_output(path: str | None) -> Iterator[TextIO]:
 
 
 def _decode(
-    translator: Translator, io: EvalIOConfig, chunk: Chunk, references: list[str] | None, *, progress: bool
+    translator: Translator,
+    io: EvalIOConfig,
+    chunk: Chunk,
+    references: list[str] | None,
+    *,
+    progress: bool,
 ) -> list[list[Translation]]:
     """The chunk's n-best translations (with per-token scores for --format fairseq), or with
     --score-reference its references scored by forced decoding."""
     if io.score_reference:
         assert references is not None
-        return [[t] for t in translator.score_references(chunk.sources, references, alignment=io.print_alignment)]
+        return [
+            [t]
+            for t in translator.score_references(
+                chunk.sources, references, alignment=io.print_alignment
+            )
+        ]
     results = translator.detokenize(translator.generate(chunk.sources, progress=progress))
     if io.format == "fairseq":
         translator.add_token_scores(chunk.sources, results, alignment=io.print_alignment)
@@ -143,7 +195,13 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     if io.format == "fairseq" or io.score_reference:
         translator.require_forced_decoding()  # before any decoding, not after the whole input
     job = _open_job(io, cfg, translator)
-    fairseq_lines = FairseqLines(translator.src_spm, translator.tgt_spm, post_process=io.post_process is not None) if io.format == "fairseq" else None
+    fairseq_lines = (
+        FairseqLines(
+            translator.src_spm, translator.tgt_spm, post_process=io.post_process is not None
+        )
+        if io.format == "fairseq"
+        else None
+    )
     if fairseq_lines is not None:
         logging.getLogger("nmt.eval").info("hypothesis and token scores are output in base 2")
     best: list[str] = []
@@ -152,26 +210,38 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     started = time.perf_counter()
     with _open_output(io.output_path) as out:
         for chunk in job.chunks:
-            references = None if job.references is None else job.references[chunk.start : chunk.start + len(chunk.sources)]
+            references = (
+                None
+                if job.references is None
+                else job.references[chunk.start : chunk.start + len(chunk.sources)]
+            )
             results = _decode(translator, io, chunk, references, progress=not job.interactive)
             for offset, nbest in enumerate(results):
                 if not io.quiet:
                     if fairseq_lines is not None:
                         reference = None if references is None else references[offset]
-                        out.writelines(fairseq_lines(chunk.start + offset, chunk.sources[offset], reference, nbest))
+                        out.writelines(
+                            fairseq_lines(
+                                chunk.start + offset, chunk.sources[offset], reference, nbest
+                            )
+                        )
                     else:
                         out.writelines(plain_lines(nbest, score_reference=io.score_reference))
                 num_tokens += len(nbest[0].tokens) + 1  # EOS counted, as fairseq-generate does
                 if io.score_reference:
                     log_prob_sum += sum(nbest[0].positional_scores or [])
                     num_scored_tokens += len(nbest[0].positional_scores or [])
-                elif job.references is not None:  # only kept when scoring: plain translation streams
+                elif (
+                    job.references is not None
+                ):  # only kept when scoring: plain translation streams
                     best.append(nbest[0].text)
             num_sentences += len(results)
             out.flush()  # interactive: this chunk's output now, before the next line is read
         elapsed = time.perf_counter() - started
         if job.references is not None and num_sentences != len(job.references):
-            raise ValueError(f"{job.reference_name}: the reference has {len(job.references)} lines but the input has {num_sentences}")
+            raise ValueError(
+                f"{job.reference_name}: the reference has {len(job.references)} lines but the input has {num_sentences}"
+            )
         verb = "scored" if io.score_reference else "translated"
         print(
             f"{verb} {num_sentences} sentences ({num_tokens} tokens) in {elapsed:.1f}s: "
@@ -180,15 +250,23 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
         )
         if io.score_reference:
             per_token = base2(log_prob_sum) / max(num_scored_tokens, 1)
-            results_text = [f"reference log-probability per token {per_token:.4f} (base 2), perplexity {2 ** -per_token:.2f}"]
+            results_text = [
+                f"reference log-probability per token {per_token:.4f} (base 2), perplexity {2**-per_token:.2f}"
+            ]
         elif job.references is not None:
-            scores = translator.score(best, job.references, tokenized_lowercase=io.score_tokenized_lowercase)
-            prefix = f"Generate {job.name} with beam={cfg.beam}: " if fairseq_lines is not None else ""
+            scores = translator.score(
+                best, job.references, tokenized_lowercase=io.score_tokenized_lowercase
+            )
+            prefix = (
+                f"Generate {job.name} with beam={cfg.beam}: " if fairseq_lines is not None else ""
+            )
             results_text = [prefix + str(result) for result in scores]
         else:
             results_text = []
         if fairseq_lines is not None:
-            out.writelines(line + "\n" for line in results_text)  # fairseq-generate ends its output with them
+            out.writelines(
+                line + "\n" for line in results_text
+            )  # fairseq-generate ends its output with them
     if fairseq_lines is None or io.output_path is not None:  # else they are on stdout already
         report = sys.stdout if io.output_path is not None or io.quiet else sys.stderr
         for line in results_text:

@@ -19,21 +19,38 @@ def build_parser() -> ArgumentParser:
             "nmt-eval --path DIR, Translator.from_checkpoint(DIR) and nmt-serve --path DIR."
         ),
     )
-    parser.add_argument("checkpoint", metavar="CKPT", help="checkpoint file; a,b,c averages their weights")
-    parser.add_argument("--format", default="ctranslate2", choices=("ctranslate2",), help="export format")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="weight type (default: float32)")
-    parser.add_argument("--output-dir", required=True, help="directory to write (built aside, renamed into place when complete)")
-    parser.add_argument("--force", action="store_true", help="replace an existing non-empty --output-dir")
+    parser.add_argument(
+        "checkpoint", metavar="CKPT", help="checkpoint file; a,b,c averages their weights"
+    )
+    parser.add_argument(
+        "--format", default="ctranslate2", choices=("ctranslate2",), help="export format"
+    )
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS, help="weight type (default: float32)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        required=True,
+        help="directory to write (built aside, renamed into place when complete)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing non-empty --output-dir"
+    )
     return parser
 
 
 def _size_mib(directory: str) -> float:
-    return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)) / 2**20
+    return (
+        sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory))
+        / 2**20
+    )
 
 
 def _export(args: argparse.Namespace) -> int:
     checkpoints = [path for path in args.checkpoint.split(",") if path]
-    manifest = export_ctranslate2(checkpoints, args.output_dir, quantization=args.quantization, force=args.force)
+    manifest = export_ctranslate2(
+        checkpoints, args.output_dir, quantization=args.quantization, force=args.force
+    )
     print(
         f"wrote {args.output_dir} ({manifest['quantization']}, {manifest['source_lang']}->{manifest['target_lang']}, "
         f"{_size_mib(args.output_dir):.1f} MiB)"
@@ -43,7 +60,11 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
     return run_main("nmt-export", lambda: _export(args))
 
 

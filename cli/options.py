@@ -29,7 +29,11 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if default in (None, False, argparse.SUPPRESS) or action.option_strings == [] or "default:" in text:
+        if (
+            default in (None, False, argparse.SUPPRESS)
+            or action.option_strings == []
+            or "default:" in text
+        ):
             return text
         if isinstance(default, tuple):
             default = (" " if action.nargs else ",").join(map(str, default))
@@ -86,7 +90,9 @@ def _comma_list(item_type: Callable[[str], Any], option: str) -> Callable[[str],
         try:
             return tuple(item_type(part.strip()) for part in text.split(",") if part.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a comma-separated list of {item_type.__name__}: {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"not a comma-separated list of {item_type.__name__}: {text!r}"
+            ) from None
 
     parse.__name__ = f"comma-separated {item_type.__name__} list ({option})"
     return parse
@@ -119,7 +125,9 @@ def add_config_arguments(
         if kind is bool:
             assert f.default is False, f"{cls.__name__}.{f.name}: boolean options default to False"
             # A preset may turn a flag on (transformer_tiny shares its embeddings): --no-X turns it off.
-            kwargs.update(action=argparse.BooleanOptionalAction) if only_when_given else kwargs.update(action="store_true")
+            kwargs.update(
+                action=argparse.BooleanOptionalAction
+            ) if only_when_given else kwargs.update(action="store_true")
         elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             kwargs["type"] = _comma_list(args[0], option)
         elif origin is tuple:
@@ -129,7 +137,9 @@ def add_config_arguments(
         else:
             kwargs["type"] = kind
             if meta.get("choices"):
-                kwargs.update(choices=meta["choices"], metavar="{" + ",".join(map(str, meta["choices"])) + "}")
+                kwargs.update(
+                    choices=meta["choices"], metavar="{" + ",".join(map(str, meta["choices"])) + "}"
+                )
             if meta.get("const") is not None:
                 kwargs.update(nargs="?", const=meta["const"])
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
@@ -157,7 +167,10 @@ def config_values(cls: type, args: argparse.Namespace, *, dest_prefix: str = "")
         key = dest_prefix + f.name
         if key in vars(args):
             value = vars(args)[key]
-            if isinstance(value, list) and typing.get_origin(_unwrap_optional(field_types(cls)[f.name])[0]) is tuple:
+            if (
+                isinstance(value, list)
+                and typing.get_origin(_unwrap_optional(field_types(cls)[f.name])[0]) is tuple
+            ):
                 value = tuple(value)
             if value is None and typing.get_origin(field_types(cls)[f.name]) is list:
                 value = []
@@ -165,12 +178,16 @@ def config_values(cls: type, args: argparse.Namespace, *, dest_prefix: str = "")
     return values
 
 
-def config_from_args(cls: type[T], args: argparse.Namespace, *, dest_prefix: str = "", **sections: Any) -> T:
+def config_from_args(
+    cls: type[T], args: argparse.Namespace, *, dest_prefix: str = "", **sections: Any
+) -> T:
     """Build ``cls`` from the namespace; ``sections`` supplies nested section objects."""
     return cls(**config_values(cls, args, dest_prefix=dest_prefix), **sections)
 
 
-def run_main(prog: str, main: Callable[[], int], *, extra: tuple[type[BaseException], ...] = ()) -> int:
+def run_main(
+    prog: str, main: Callable[[], int], *, extra: tuple[type[BaseException], ...] = ()
+) -> int:
     """Every user-facing failure as one line naming the file, line or option and the cause.
 
     ValueError is the toolkit's user error (bad option, bad data); OSError is reported with its path

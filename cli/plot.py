@@ -24,8 +24,15 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
-    for chatty in ("matplotlib", "tensorboard"):  # font cache and event-file notices, not the user's concern
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
+    for chatty in (
+        "matplotlib",
+        "tensorboard",
+    ):  # font cache and event-file notices, not the user's concern
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
     def run() -> int:
@@ -34,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(PlotConfig, args)
         curves = read_curves(cfg.log)
         plot_curves(curves, cfg.output, title=cfg.title or cfg.log)
-        summary = ", ".join(f"{name} ({len(series.updates)} points)" for name, series in curves.items())
+        summary = ", ".join(
+            f"{name} ({len(series.updates)} points)" for name, series in curves.items()
+        )
         print(f"wrote {cfg.output}: {summary}", file=sys.stderr)
         return 0
 

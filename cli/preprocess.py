@@ -20,14 +20,20 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
 
     def run() -> int:
         from nmt.data.preprocess import preprocess, summary_table
 
         manifest, stats = preprocess(config_from_args(PreprocessConfig, args))
         print(summary_table(stats))
-        print(f"wrote {manifest.directory} (vocab {manifest.spm.src_vocab_size}/{manifest.spm.tgt_vocab_size})")
+        print(
+            f"wrote {manifest.directory} (vocab {manifest.spm.src_vocab_size}/{manifest.spm.tgt_vocab_size})"
+        )
         return 0
 
     return run_main("nmt-preprocess", run)

@@ -23,19 +23,34 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="nmt-serve",
         description=(
-            "Serve translations over HTTP: POST /translate {\"q\": str | [str], \"source\", \"target\"} -> "
-            "{\"translatedText\": ...} (LibreTranslate's shape), GET /health, a web page at /. Concurrent requests "
+            'Serve translations over HTTP: POST /translate {"q": str | [str], "source", "target"} -> '
+            '{"translatedText": ...} (LibreTranslate\'s shape), GET /health, a web page at /. Concurrent requests '
             "are batched into one decode. SIGTERM (or Ctrl+C) answers the requests in flight, then exits 0. "
             "Needs pip install 'nmt[serve]' (and 'nmt[ct2]' for an exported directory)."
         ),
     )
-    parser.add_argument("--path", required=True, help="checkpoint file, or a directory written by nmt-export")
+    parser.add_argument(
+        "--path", required=True, help="checkpoint file, or a directory written by nmt-export"
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=5000, help="0: any free port (the one taken is printed)")
+    parser.add_argument(
+        "--port", type=int, default=5000, help="0: any free port (the one taken is printed)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--threads", type=int, default=0, help="compute threads (0: one per core, or OMP_NUM_THREADS when set)")
-    parser.add_argument("--access-log", action="store_true", help="also log every request (one line per batch is always logged)")
-    add_config_arguments(parser.add_argument_group("search (as nmt-eval)"), EvalConfig, skip=("nbest", "buffer_size"))
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="compute threads (0: one per core, or OMP_NUM_THREADS when set)",
+    )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="also log every request (one line per batch is always logged)",
+    )
+    add_config_arguments(
+        parser.add_argument_group("search (as nmt-eval)"), EvalConfig, skip=("nbest", "buffer_size")
+    )
     add_config_arguments(parser.add_argument_group("batching and limits"), ServeConfig)
     return parser
 
@@ -45,7 +60,9 @@ def language_pair(path: str) -> tuple[str, str]:
     if os.path.isdir(path):
         manifest = read_export_manifest(path)
         return manifest["source_lang"], manifest["target_lang"]
-    from nmt.checkpoint_io import load_checkpoint  # here: torch, which an exported model does without
+    from nmt.checkpoint_io import (
+        load_checkpoint,  # here: torch, which an exported model does without
+    )
 
     vocab = load_checkpoint(path).get("vocab", {})
     return vocab.get("source_lang", "src"), vocab.get("target_lang", "tgt")
@@ -64,9 +81,13 @@ def load_translator(args: argparse.Namespace, cfg: EvalConfig) -> Translator:
 
 def listen(host: str, port: int) -> socket.socket:
     try:
-        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        return socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
     except OSError as error:
-        raise ValueError(f"--host/--port: cannot listen on {host}:{port} ({error.strerror or error})") from None
+        raise ValueError(
+            f"--host/--port: cannot listen on {host}:{port} ({error.strerror or error})"
+        ) from None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -81,24 +102,44 @@ def _serve(args: argparse.Namespace) -> int:
         source_lang, target_lang = language_pair(args.path)
         translator = load_translator(args, cfg)
         started = time.perf_counter()
-        translator.translate(["warm up"])  # first-call allocations happen here, not in a user's request
-        logger.info("model loaded from %s (%s -> %s), warm-up decode %.0f ms", args.path, source_lang, target_lang, (time.perf_counter() - started) * 1000)
+        translator.translate(
+            ["warm up"]
+        )  # first-call allocations happen here, not in a user's request
+        logger.info(
+            "model loaded from %s (%s -> %s), warm-up decode %.0f ms",
+            args.path,
+            source_lang,
+            target_lang,
+            (time.perf_counter() - started) * 1000,
+        )
         backend = "ctranslate2" if isinstance(translator.model, CT2Model) else "torch"
-        app = create_app(translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on"))
+        app = create_app(
+            translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend
+        )
+        server = uvicorn.Server(
+            uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on")
+        )
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handlers
         # that were there before it: ours, so that a requested stop ends with exit status 0.
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             signal.signal(stop_signal, lambda *_: None)
         host, port = sock.getsockname()[:2]
-        print(f"nmt-serve: listening on http://{host}:{port} ({backend}, {source_lang} -> {target_lang})", file=sys.stderr, flush=True)
+        print(
+            f"nmt-serve: listening on http://{host}:{port} ({backend}, {source_lang} -> {target_lang})",
+            file=sys.stderr,
+            flush=True,
+        )
         server.run(sockets=[sock])
     return 0 if server.started else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
     return run_main("nmt-serve", lambda: _serve(args))
 
 

@@ -22,7 +22,13 @@ from nmt.config import (
 )
 from nmt.data import Manifest, load_manifest
 from nmt.model import ARCHS
-from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, config_values, run_main
+from nmt_cli.options import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    config_values,
+    run_main,
+)
 
 SECTIONS = (
     ("data", DataConfig, "data"),
@@ -35,7 +41,9 @@ SECTIONS = (
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="nmt-train", description="Train a transformer on a dataset made by nmt-preprocess.")
+    parser = ArgumentParser(
+        prog="nmt-train", description="Train a transformer on a dataset made by nmt-preprocess."
+    )
     for title, cls, prefix in SECTIONS:
         add_config_arguments(parser.add_argument_group(title), cls, dest_prefix=prefix + ".")
     model = parser.add_argument_group("model (each flag overrides the --arch preset)")
@@ -45,6 +53,7 @@ def build_parser() -> ArgumentParser:
 
 def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainConfig, ModelConfig]:
     """The run's configs from the command line; vocabulary sizes come from the dataset's manifest."""
+
     def section(cls: type, prefix: str, **nested: object) -> object:
         return config_from_args(cls, args, dest_prefix=prefix + ".", **nested)
 
@@ -57,7 +66,9 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
         run=section(RunConfig, "run"),
     )
     if train_cfg.run.arch not in ARCHS:
-        raise ValueError(f"--arch: must be one of {', '.join(sorted(ARCHS))}, got {train_cfg.run.arch!r}")
+        raise ValueError(
+            f"--arch: must be one of {', '.join(sorted(ARCHS))}, got {train_cfg.run.arch!r}"
+        )
     explicit = config_values(ModelConfig, args, dest_prefix="model.")
     if not manifest.spm.joint:
         if explicit.get("share_all_embeddings"):
@@ -65,7 +76,9 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
                 f"--share-all-embeddings: needs one joint vocabulary, and {manifest.directory} has one per "
                 "language (preprocessed with --separate-vocab)"
             )
-        explicit.setdefault("share_all_embeddings", False)  # a preset's sharing needs one vocabulary
+        explicit.setdefault(
+            "share_all_embeddings", False
+        )  # a preset's sharing needs one vocabulary
     model_cfg = ARCHS[train_cfg.run.arch](
         src_vocab_size=manifest.spm.src_vocab_size,
         tgt_vocab_size=manifest.spm.tgt_vocab_size,
@@ -91,15 +104,24 @@ def make_bleu_validator(
     tgt_spm = SentencePieceModel.load(manifest.path(manifest.spm.tgt_model))
     split_data = load_split(data_dir, split, src_spm=src_spm, manifest=manifest)
     if split_data.reference_path is None:
-        raise ValueError(f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {split!r}")
+        raise ValueError(
+            f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {split!r}"
+        )
     references = read_references(split_data.reference_path, line_numbers=split_data.line_numbers)
 
     def validate(model: torch.nn.Module, device: torch.device) -> float:
-        translator = Translator(model, src_spm=src_spm, tgt_spm=tgt_spm, config=EvalConfig(**search))
-        hypotheses = [nbest[0].text for nbest in translator.detokenize(translator.generate(split_data.sources))]
+        translator = Translator(
+            model, src_spm=src_spm, tgt_spm=tgt_spm, config=EvalConfig(**search)
+        )
+        hypotheses = [
+            nbest[0].text
+            for nbest in translator.detokenize(translator.generate(split_data.sources))
+        ]
         if print_samples:
             for hypothesis, reference in list(zip(hypotheses, references))[:3]:
-                logging.getLogger("nmt.train").info("example hypothesis: %s\nexample reference: %s", hypothesis, reference)
+                logging.getLogger("nmt.train").info(
+                    "example hypothesis: %s\nexample reference: %s", hypothesis, reference
+                )
         return translator.score(hypotheses, references)[0].score
 
     return validate
@@ -124,17 +146,26 @@ def main(argv: list[str] | None = None) -> int:
         bleu_validator = None
         if train_cfg.checkpoint.eval_bleu:
             bleu_validator = make_bleu_validator(
-                manifest, train_cfg.data.valid_subset, search=train_cfg.checkpoint.search_options(),
+                manifest,
+                train_cfg.data.valid_subset,
+                search=train_cfg.checkpoint.search_options(),
                 print_samples=train_cfg.checkpoint.eval_bleu_print_samples,
             )
         with session(train_cfg.run.device) as this_process:
             scorer = None
             if (train_cfg.data.curriculum or "").startswith("model:"):
                 scorer = checkpoint_scorer(
-                    train_cfg.data.curriculum[len("model:") :], manifest=manifest, device=this_process.device
+                    train_cfg.data.curriculum[len("model:") :],
+                    manifest=manifest,
+                    device=this_process.device,
                 )
             Trainer(
-                train_cfg, model_cfg, manifest=manifest, session=this_process, bleu_validator=bleu_validator, scorer=scorer
+                train_cfg,
+                model_cfg,
+                manifest=manifest,
+                session=this_process,
+                bleu_validator=bleu_validator,
+                scorer=scorer,
             ).train()
         return 0
 

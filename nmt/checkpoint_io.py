@@ -39,7 +39,9 @@ def numbered_name(*, epoch: int, num_updates: int, end_of_epoch: bool) -> str:
 
 def numbered_checkpoints(save_dir: str) -> list[str]:
     """The numbered checkpoints in ``save_dir``, newest first (by modification time)."""
-    paths = [os.path.join(save_dir, name) for name in os.listdir(save_dir) if NUMBERED.fullmatch(name)]
+    paths = [
+        os.path.join(save_dir, name) for name in os.listdir(save_dir) if NUMBERED.fullmatch(name)
+    ]
     return sorted(paths, key=os.path.getmtime, reverse=True)
 
 
@@ -103,12 +105,18 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{path}: not an nmt checkpoint (cannot be loaded safely: {first_line})") from None
+        first_line = (
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        )
+        raise ValueError(
+            f"{path}: not an nmt checkpoint (cannot be loaded safely: {first_line})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path}: not an nmt checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
-        raise ValueError(f"{path}: checkpoint version {state.get('version')}, this nmt reads version {VERSION}")
+        raise ValueError(
+            f"{path}: checkpoint version {state.get('version')}, this nmt reads version {VERSION}"
+        )
     return state
 
 
@@ -124,7 +132,9 @@ def load_model_checkpoint(path: str) -> dict[str, Any]:
 def same_vocab(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a.keys() != b.keys():
         return False
-    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    return all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
 
 
 def load_averaged_checkpoint(paths: Sequence[str]) -> dict[str, Any]:
@@ -139,20 +149,37 @@ def load_averaged_checkpoint(paths: Sequence[str]) -> dict[str, Any]:
     if len(paths) == 1:
         return first
     weights = first["model"]
-    sums = {name: tensor.double() if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
+    sums = {
+        name: tensor.double() if tensor.is_floating_point() else tensor
+        for name, tensor in weights.items()
+    }
     for path in paths[1:]:
         state = load_model_checkpoint(path)
         if state["model_config"] != first["model_config"]:
-            raise ValueError(f"{path}: model config differs from {paths[0]}'s; only checkpoints of one model can be averaged")
+            raise ValueError(
+                f"{path}: model config differs from {paths[0]}'s; only checkpoints of one model can be averaged"
+            )
         if not same_vocab(state["vocab"], first["vocab"]):
-            raise ValueError(f"{path}: vocabulary differs from {paths[0]}'s; only checkpoints of one model can be averaged")
+            raise ValueError(
+                f"{path}: vocabulary differs from {paths[0]}'s; only checkpoints of one model can be averaged"
+            )
         if state["model"].keys() != weights.keys():
-            raise ValueError(f"{path}: parameter names differ from {paths[0]}'s; only checkpoints of one model can be averaged")
+            raise ValueError(
+                f"{path}: parameter names differ from {paths[0]}'s; only checkpoints of one model can be averaged"
+            )
         for name, tensor in state["model"].items():
             if tensor.is_floating_point():
                 sums[name] += tensor.double()
     averaged = {
-        name: (total / len(paths)).to(weights[name].dtype) if weights[name].is_floating_point() else total
+        name: (total / len(paths)).to(weights[name].dtype)
+        if weights[name].is_floating_point()
+        else total
         for name, total in sums.items()
     }
-    return {"format": FORMAT, "version": VERSION, "model": averaged, "model_config": first["model_config"], "vocab": first["vocab"]}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": averaged,
+        "model_config": first["model_config"],
+        "vocab": first["vocab"],
+    }

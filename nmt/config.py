@@ -40,8 +40,14 @@ def opt(
     option given without one (fairseq's ``--eval-bleu-remove-bpe`` alone means ``@@ ``).
     """
     metadata = {
-        "help": help, "choices": choices, "aliases": aliases, "metavar": metavar, "cli": cli,
-        "positional": positional, "required": required, "const": const,
+        "help": help,
+        "choices": choices,
+        "aliases": aliases,
+        "metavar": metavar,
+        "cli": cli,
+        "positional": positional,
+        "required": required,
+        "const": const,
     }
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
@@ -63,7 +69,9 @@ def _check_choices(config: Any) -> None:
         choices = f.metadata.get("choices")
         value = getattr(config, f.name)
         if choices and value is not None and value not in choices:
-            raise ValueError(f"{option_name(f.name)}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+            raise ValueError(
+                f"{option_name(f.name)}: must be one of {', '.join(map(str, choices))}, got {value!r}"
+            )
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -106,7 +114,9 @@ class PreprocessConfig:
         required=True,
         help="P reads P.SRC/P.TGT (or .gz, .xz, .zst); comma-separate or repeat for several corpora",
     )
-    validpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
+    validpref: list[str] = opt(
+        default_factory=list, help="never filtered; comma-separate or repeat"
+    )
     testpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
     spm_model: str | None = opt(None, "reuse this SentencePiece model instead of training one")
     spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size")
@@ -120,31 +130,46 @@ class PreprocessConfig:
     )
     max_len: int = opt(256, "drop training pairs with a side longer than this (tokens incl. EOS)")
     min_len: int = opt(1, "drop training pairs with a side shorter than this (pieces)")
-    max_len_ratio: float = opt(3.0, "drop training pairs whose longer side exceeds this ratio to the shorter")
-    workers: int = opt(0, "encoding processes or threads (0: all cores); the output is identical for any value")
+    max_len_ratio: float = opt(
+        3.0, "drop training pairs whose longer side exceeds this ratio to the shorter"
+    )
+    workers: int = opt(
+        0, "encoding processes or threads (0: all cores); the output is identical for any value"
+    )
     encoder: str = opt(
         "processes",
         "processes: forked workers, each doing all of a chunk's work (measured faster); threads: SentencePiece's own threads in one process",
         choices=("processes", "threads"),
     )
-    skip_invalid: bool = opt(False, "drop (train) or repair (valid/test) lines that are not UTF-8, and count them")
+    skip_invalid: bool = opt(
+        False, "drop (train) or repair (valid/test) lines that are not UTF-8, and count them"
+    )
     overwrite: bool = opt(False, "replace an existing non-empty --destdir")
     seed: int = opt(1, "seed of the SentencePiece training sample")
-    dedup: bool = opt(False, "drop training pairs that repeat an earlier pair exactly (64-bit hashes; counted)")
+    dedup: bool = opt(
+        False, "drop training pairs that repeat an earlier pair exactly (64-bit hashes; counted)"
+    )
     num_shards: int = opt(
-        1, "encode the training text in this many parts, one per run (under torchrun: one per rank, set by itself)"
+        1,
+        "encode the training text in this many parts, one per run (under torchrun: one per rank, set by itself)",
     )
     shard_id: int = opt(0, "which part this run encodes, 0 <= --shard-id < --num-shards")
-    merge_parts: bool = opt(False, "once the last part is done, concatenate the parts into one file per split and side")
+    merge_parts: bool = opt(
+        False, "once the last part is done, concatenate the parts into one file per split and side"
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(bool(self.source_lang), "source_lang", "must not be empty")
         _require(bool(self.target_lang), "target_lang", "must not be empty")
-        _require(self.source_lang != self.target_lang, "target_lang", "must differ from --source-lang")
+        _require(
+            self.source_lang != self.target_lang, "target_lang", "must differ from --source-lang"
+        )
         _require(bool(self.destdir), "destdir", "must not be empty")
         _require(bool(self.trainpref), "trainpref", "at least one training prefix is required")
-        _require(self.spm_vocab_size >= 8, "spm_vocab_size", f"must be >= 8, got {self.spm_vocab_size}")
+        _require(
+            self.spm_vocab_size >= 8, "spm_vocab_size", f"must be >= 8, got {self.spm_vocab_size}"
+        )
         _require(
             0.0 < self.spm_character_coverage <= 1.0,
             "spm_character_coverage",
@@ -152,11 +177,21 @@ class PreprocessConfig:
         )
         _require(self.spm_sample_size > 0, "spm_sample_size", "must be positive")
         _require(self.min_len >= 0, "min_len", f"must be >= 0, got {self.min_len}")
-        _require(self.max_len >= max(1, self.min_len), "max_len", f"must be >= --min-len and >= 1, got {self.max_len}")
-        _require(self.max_len_ratio >= 1.0, "max_len_ratio", f"must be >= 1, got {self.max_len_ratio}")
+        _require(
+            self.max_len >= max(1, self.min_len),
+            "max_len",
+            f"must be >= --min-len and >= 1, got {self.max_len}",
+        )
+        _require(
+            self.max_len_ratio >= 1.0, "max_len_ratio", f"must be >= 1, got {self.max_len_ratio}"
+        )
         _require(self.workers >= 0, "workers", f"must be >= 0, got {self.workers}")
         _require(self.num_shards >= 1, "num_shards", f"must be >= 1, got {self.num_shards}")
-        _require(0 <= self.shard_id < self.num_shards, "shard_id", f"must be in [0, --num-shards={self.num_shards}), got {self.shard_id}")
+        _require(
+            0 <= self.shard_id < self.num_shards,
+            "shard_id",
+            f"must be in [0, --num-shards={self.num_shards}), got {self.shard_id}",
+        )
         _require(
             not (self.separate_vocab and self.spm_model),
             "separate_vocab",
@@ -186,15 +221,23 @@ class ModelConfig:
     attention_dropout: float = opt(0.0)
     activation_dropout: float = opt(0.0)
     activation_fn: str = opt("relu", choices=("relu", "gelu"))
-    encoder_normalize_before: bool = opt(False, "layer norm before each encoder sublayer (pre-norm)")
-    decoder_normalize_before: bool = opt(False, "layer norm before each decoder sublayer (pre-norm)")
+    encoder_normalize_before: bool = opt(
+        False, "layer norm before each encoder sublayer (pre-norm)"
+    )
+    decoder_normalize_before: bool = opt(
+        False, "layer norm before each decoder sublayer (pre-norm)"
+    )
     encoder_learned_pos: bool = opt(False, "learned instead of sinusoidal encoder positions")
     decoder_learned_pos: bool = opt(False, "learned instead of sinusoidal decoder positions")
     max_source_positions: int = opt(1024)
     max_target_positions: int = opt(1024)
     no_scale_embedding: bool = opt(False, "do not scale embeddings by sqrt(dim)")
-    share_all_embeddings: bool = opt(False, "one embedding for encoder input, decoder input and output (joint vocabulary)")
-    share_decoder_input_output_embed: bool = opt(False, "tie the decoder's input embedding and output projection")
+    share_all_embeddings: bool = opt(
+        False, "one embedding for encoder input, decoder input and output (joint vocabulary)"
+    )
+    share_decoder_input_output_embed: bool = opt(
+        False, "tie the decoder's input embedding and output projection"
+    )
     attention: str = opt(
         "auto",
         "attention kernel (auto: xFormers on CUDA when installed, PyTorch SDPA elsewhere)",
@@ -213,13 +256,17 @@ class ModelConfig:
                 f"{side}_embed_dim",
                 f"({dim}) must be divisible by --{side}-attention-heads ({heads})",
             )
-            _require(getattr(self, f"{side}_ffn_embed_dim") >= 1, f"{side}_ffn_embed_dim", "must be >= 1")
+            _require(
+                getattr(self, f"{side}_ffn_embed_dim") >= 1, f"{side}_ffn_embed_dim", "must be >= 1"
+            )
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, name, f"must be in [0, 1), got {value}")
         for name in ("src_vocab_size", "tgt_vocab_size"):
             size = getattr(self, name)
-            _require(0 <= self.pad_id < size, name, f"({size}) must hold the padding id {self.pad_id}")
+            _require(
+                0 <= self.pad_id < size, name, f"({size}) must hold the padding id {self.pad_id}"
+            )
         for name in ("max_source_positions", "max_target_positions"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         if self.share_all_embeddings:
@@ -241,27 +288,49 @@ class BatchingConfig:
     on (never the world size), plus how an update is split into micro-batches."""
 
     # 2048: Multi30k val BLEU after 8 CPU minutes 15.3 against 6.5 at 4096 (examples/multi30k); raise it for big data and GPUs.
-    max_tokens: int = opt(2048, "token budget per batch, padding included (packed: real tokens per side)")
+    max_tokens: int = opt(
+        2048, "token budget per batch, padding included (packed: real tokens per side)"
+    )
     max_sentences: int | None = opt(None, "sentences per batch at most", aliases=("--batch-size",))
-    required_batch_size_multiple: int = opt(1, "round batch sizes down to a multiple of this (when they hold that many)")
+    required_batch_size_multiple: int = opt(
+        1, "round batch sizes down to a multiple of this (when they hold that many)"
+    )
     update_freq: int = opt(1, "accumulate this many batches per update (per rank)")
     batch_noise: float = opt(0.1, "length noise ratio in [0, 1); 0 gives a fixed sorted order")
-    noise_mode: str = opt("ties", "ties: shuffle equal lengths; length: multiply lengths by uniform noise", choices=("ties", "length"))
+    noise_mode: str = opt(
+        "ties",
+        "ties: shuffle equal lengths; length: multiply lengths by uniform noise",
+        choices=("ties", "length"),
+    )
     layout: str = opt("packed", "packed (padding removed), or padded", choices=("padded", "packed"))
-    max_tokens_per_microbatch: int | None = opt(None, "split larger batches into balanced micro-batches under this cap")
+    max_tokens_per_microbatch: int | None = opt(
+        None, "split larger batches into balanced micro-batches under this cap"
+    )
     length_multiple: int = opt(8, "length bucket size of the static shapes under --compile")
-    curriculum_epochs: int = opt(0, "epochs run in order of increasing difficulty (with --curriculum)")
+    curriculum_epochs: int = opt(
+        0, "epochs run in order of increasing difficulty (with --curriculum)"
+    )
     curriculum_bins: int = opt(10, "difficulty bins a curriculum batch never crosses")
-    competence_updates: int = opt(0, "square-root competence: all data eligible from this update (0: off)")
+    competence_updates: int = opt(
+        0, "square-root competence: all data eligible from this update (0: off)"
+    )
     competence_initial: float = opt(0.1, "competence at update 0")
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(self.max_tokens > 0, "max_tokens", f"must be positive, got {self.max_tokens}")
-        _require(self.max_sentences is None or self.max_sentences > 0, "max_sentences", "must be positive")
-        _require(self.required_batch_size_multiple >= 1, "required_batch_size_multiple", "must be >= 1")
+        _require(
+            self.max_sentences is None or self.max_sentences > 0,
+            "max_sentences",
+            "must be positive",
+        )
+        _require(
+            self.required_batch_size_multiple >= 1, "required_batch_size_multiple", "must be >= 1"
+        )
         _require(self.update_freq >= 1, "update_freq", f"must be >= 1, got {self.update_freq}")
-        _require(0 <= self.batch_noise < 1, "batch_noise", f"must be in [0, 1), got {self.batch_noise}")
+        _require(
+            0 <= self.batch_noise < 1, "batch_noise", f"must be in [0, 1), got {self.batch_noise}"
+        )
         _require(
             self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch > 0,
             "max_tokens_per_microbatch",
@@ -286,14 +355,24 @@ class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
 
     data_dir: str = opt(help="directory written by nmt-preprocess", positional=True)
-    task: str = opt("translation", "fairseq's task name: translation is the only one", choices=("translation",))
-    source_lang: str | None = opt(None, "checked against the dataset's source language", aliases=("-s",))
-    target_lang: str | None = opt(None, "checked against the dataset's target language", aliases=("-t",))
+    task: str = opt(
+        "translation", "fairseq's task name: translation is the only one", choices=("translation",)
+    )
+    source_lang: str | None = opt(
+        None, "checked against the dataset's source language", aliases=("-s",)
+    )
+    target_lang: str | None = opt(
+        None, "checked against the dataset's target language", aliases=("-t",)
+    )
     train_subsets: tuple[str, ...] = opt(
-        ("train",), "training split(s), comma-separated: several are blended by weight", aliases=("--train-subset",)
+        ("train",),
+        "training split(s), comma-separated: several are blended by weight",
+        aliases=("--train-subset",),
     )
     valid_subset: str = opt("valid", "validation split")
-    subset_weights: tuple[float, ...] | None = opt(None, "comma-separated weights, one per --train-subsets entry")
+    subset_weights: tuple[float, ...] | None = opt(
+        None, "comma-separated weights, one per --train-subsets entry"
+    )
     sampling_temperature: float = opt(0.0, "weights proportional to size^(1/T) (0: to size)")
     epoch_samples: int = opt(0, "samples per epoch of the blend (0: the sum of corpus sizes)")
     curriculum: str | None = opt(
@@ -302,25 +381,47 @@ class DataConfig:
         "--train-subsets entry, comma-separated); or model:CHECKPOINT (each pair scored by that model's loss)",
     )
     num_workers: int = opt(0, "data-loading worker processes")
-    verify_data: bool = opt(False, "check every dataset file against the manifest's SHA-256 sums before training")
+    verify_data: bool = opt(
+        False, "check every dataset file against the manifest's SHA-256 sums before training"
+    )
     batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(bool(self.data_dir), "data_dir", "must not be empty")
-        _require(len(self.train_subsets) >= 1, "train_subsets", "at least one training split is required")
-        _require(len(set(self.train_subsets)) == len(self.train_subsets), "train_subsets", "names a split twice")
+        _require(
+            len(self.train_subsets) >= 1, "train_subsets", "at least one training split is required"
+        )
+        _require(
+            len(set(self.train_subsets)) == len(self.train_subsets),
+            "train_subsets",
+            "names a split twice",
+        )
         _require(
             self.subset_weights is None or len(self.subset_weights) == len(self.train_subsets),
             "subset_weights",
             f"needs one weight per --train-subsets entry ({len(self.train_subsets)})",
         )
-        _require(not (self.subset_weights and self.sampling_temperature), "sampling_temperature", "cannot be combined with --subset-weights")
-        _require(self.sampling_temperature >= 0, "sampling_temperature", "must be > 0 (0: proportional to size)")
-        _require(self.epoch_samples >= 0, "epoch_samples", "must be >= 0 (0: the sum of the corpus sizes)")
+        _require(
+            not (self.subset_weights and self.sampling_temperature),
+            "sampling_temperature",
+            "cannot be combined with --subset-weights",
+        )
+        _require(
+            self.sampling_temperature >= 0,
+            "sampling_temperature",
+            "must be > 0 (0: proportional to size)",
+        )
+        _require(
+            self.epoch_samples >= 0,
+            "epoch_samples",
+            "must be >= 0 (0: the sum of the corpus sizes)",
+        )
         kind = (self.curriculum or "").split(":", 1)[0]
         _require(
-            self.curriculum is None or self.curriculum == "length" or (kind in ("file", "model") and ":" in self.curriculum),
+            self.curriculum is None
+            or self.curriculum == "length"
+            or (kind in ("file", "model") and ":" in self.curriculum),
             "curriculum",
             f"must be one of {', '.join(CURRICULUM_KINDS)}, got {self.curriculum!r}",
         )
@@ -340,7 +441,11 @@ class DataConfig:
 
     @property
     def curriculum_files(self) -> list[str]:
-        return self.curriculum[len("file:") :].split(",") if (self.curriculum or "").startswith("file:") else []
+        return (
+            self.curriculum[len("file:") :].split(",")
+            if (self.curriculum or "").startswith("file:")
+            else []
+        )
 
     @property
     def blended(self) -> bool:
@@ -351,10 +456,13 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     criterion: str = opt(
-        "label_smoothed_cross_entropy", "fairseq's criterion name (the only loss; --label-smoothing 0 for plain cross-entropy)",
+        "label_smoothed_cross_entropy",
+        "fairseq's criterion name (the only loss; --label-smoothing 0 for plain cross-entropy)",
         choices=("label_smoothed_cross_entropy",),
     )
-    optimizer: str = opt("adam", "Adam with decoupled weight decay (AdamW, as fairseq's adam)", choices=("adam",))
+    optimizer: str = opt(
+        "adam", "Adam with decoupled weight decay (AdamW, as fairseq's adam)", choices=("adam",)
+    )
     lr: float = opt(2e-3, "peak learning rate")
     adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2")
     adam_eps: float = opt(1e-8)
@@ -362,18 +470,30 @@ class OptimConfig:
     clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     label_smoothing: float = opt(0.1)
     lr_scheduler: str = opt("inverse_sqrt", choices=("inverse_sqrt", "fixed", "cosine"))
-    warmup_updates: int = opt(300, "linear warm-up from --warmup-init-lr to --lr over this many updates")
+    warmup_updates: int = opt(
+        300, "linear warm-up from --warmup-init-lr to --lr over this many updates"
+    )
     warmup_init_lr: float = opt(1e-7)
     min_lr: float = opt(0.0, "floor of the cosine schedule")
-    lr_scaling: str = opt("none", "scale the lr with the update's batch size", choices=("none", "linear", "sqrt"))
-    lr_scaling_reference: float = opt(0.0, "batch size at which the scale is 1 (0: the first update's)")
+    lr_scaling: str = opt(
+        "none", "scale the lr with the update's batch size", choices=("none", "linear", "sqrt")
+    )
+    lr_scaling_reference: float = opt(
+        0.0, "batch size at which the scale is 1 (0: the first update's)"
+    )
     lr_scaling_by: str = opt("tokens", "batch size counted in", choices=("sentences", "tokens"))
-    max_consecutive_nonfinite: int = opt(5, "stop after this many updates in a row with a non-finite loss or gradient")
+    max_consecutive_nonfinite: int = opt(
+        5, "stop after this many updates in a row with a non-finite loss or gradient"
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(self.lr > 0, "lr", f"must be positive, got {self.lr}")
-        _require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "two values in [0, 1)")
+        _require(
+            len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+            "adam_betas",
+            "two values in [0, 1)",
+        )
         _require(self.adam_eps > 0, "adam_eps", "must be positive")
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         _require(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 disables clipping)")
@@ -389,15 +509,27 @@ class OptimConfig:
 class CheckpointConfig:
     """Where and when to save, when to validate, which checkpoint is the best."""
 
-    save_dir: str = opt("checkpoints", "directory of the checkpoints (a run resumes from its checkpoint_last.pt)")
-    restore_file: str | None = opt(
-        None, "start a new run (no checkpoint_last.pt in --save-dir yet) from this checkpoint; once the run has "
-        "its own checkpoint_last.pt, it resumes from that"
+    save_dir: str = opt(
+        "checkpoints", "directory of the checkpoints (a run resumes from its checkpoint_last.pt)"
     )
-    reset_dataloader: bool = opt(False, "on resume, start the data over (epoch 1) and accept other data or batching options")
-    reset_optimizer: bool = opt(False, "on resume, start a fresh optimizer and accept other optimizer options")
-    reset_lr_scheduler: bool = opt(False, "on resume, start the learning-rate schedule with the new options at the current update")
-    reset_meters: bool = opt(False, "on resume, forget the best validation score and the patience count")
+    restore_file: str | None = opt(
+        None,
+        "start a new run (no checkpoint_last.pt in --save-dir yet) from this checkpoint; once the run has "
+        "its own checkpoint_last.pt, it resumes from that",
+    )
+    reset_dataloader: bool = opt(
+        False, "on resume, start the data over (epoch 1) and accept other data or batching options"
+    )
+    reset_optimizer: bool = opt(
+        False, "on resume, start a fresh optimizer and accept other optimizer options"
+    )
+    reset_lr_scheduler: bool = opt(
+        False,
+        "on resume, start the learning-rate schedule with the new options at the current update",
+    )
+    reset_meters: bool = opt(
+        False, "on resume, forget the best validation score and the patience count"
+    )
     save_interval: int = opt(1, "save a numbered checkpoint every N epochs")
     save_interval_updates: int = opt(0, "also save a numbered checkpoint every N updates (0: off)")
     no_epoch_checkpoints: bool = opt(False, "no numbered checkpoint at the end of each epoch")
@@ -409,18 +541,30 @@ class CheckpointConfig:
     eval_bleu: bool = opt(False, "decode the validation set and report sacreBLEU")
     eval_bleu_beam: int = opt(1, "beam size of --eval-bleu")
     eval_bleu_args: str | None = opt(
-        None, "fairseq's JSON of search options for --eval-bleu, e.g. '{\"beam\": 5, \"lenpen\": 1.0}' (beam overrides --eval-bleu-beam)"
+        None,
+        'fairseq\'s JSON of search options for --eval-bleu, e.g. \'{"beam": 5, "lenpen": 1.0}\' (beam overrides --eval-bleu-beam)',
     )
     eval_bleu_detok: str | None = opt(
-        None, "fairseq's detokenizer choice: accepted; hypotheses are always SentencePiece-detokenized raw text",
+        None,
+        "fairseq's detokenizer choice: accepted; hypotheses are always SentencePiece-detokenized raw text",
         choices=("space", "moses"),
     )
     eval_bleu_remove_bpe: str | None = opt(
-        None, "fairseq's BPE removal: accepted; SentencePiece pieces are always joined", const="@@ ",
+        None,
+        "fairseq's BPE removal: accepted; SentencePiece pieces are always joined",
+        const="@@ ",
     )
-    eval_bleu_print_samples: bool = opt(False, "log a few validation hypotheses with their references")
-    best_checkpoint_metric: str = opt("loss", "what checkpoint_best.pt is best at (loss: lowest; bleu: highest)", choices=("loss", "bleu"))
-    maximize_best_checkpoint_metric: bool = opt(False, "fairseq's flag for bleu: accepted (bleu is maximized, loss minimized)")
+    eval_bleu_print_samples: bool = opt(
+        False, "log a few validation hypotheses with their references"
+    )
+    best_checkpoint_metric: str = opt(
+        "loss",
+        "what checkpoint_best.pt is best at (loss: lowest; bleu: highest)",
+        choices=("loss", "bleu"),
+    )
+    maximize_best_checkpoint_metric: bool = opt(
+        False, "fairseq's flag for bleu: accepted (bleu is maximized, loss minimized)"
+    )
     patience: int = opt(-1, "stop after this many validations without improvement (-1: never)")
 
     def __post_init__(self) -> None:
@@ -431,7 +575,11 @@ class CheckpointConfig:
         for name in ("save_interval_updates", "validate_interval_updates"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")
         for name in ("keep_last", "keep_last_epochs", "keep_interval_updates"):
-            _require(getattr(self, name) == -1 or getattr(self, name) >= 1, name, "must be -1 (keep all) or >= 1")
+            _require(
+                getattr(self, name) == -1 or getattr(self, name) >= 1,
+                name,
+                "must be -1 (keep all) or >= 1",
+            )
         _require(
             not self.maximize_best_checkpoint_metric or self.best_checkpoint_metric == "bleu",
             "maximize_best_checkpoint_metric",
@@ -439,8 +587,11 @@ class CheckpointConfig:
         )
         _require(self.eval_bleu_beam >= 1, "eval_bleu_beam", "must be >= 1")
         self.search_options()  # checks --eval-bleu-args once
-        _require(self.best_checkpoint_metric != "bleu" or self.eval_bleu, "best_checkpoint_metric", "bleu needs --eval-bleu")
-
+        _require(
+            self.best_checkpoint_metric != "bleu" or self.eval_bleu,
+            "best_checkpoint_metric",
+            "bleu needs --eval-bleu",
+        )
 
     def search_options(self) -> dict[str, Any]:
         """The EvalConfig fields --eval-bleu decodes with."""
@@ -451,11 +602,15 @@ class CheckpointConfig:
             try:
                 given = json.loads(self.eval_bleu_args)
             except json.JSONDecodeError as error:
-                raise ValueError(f"--eval-bleu-args: not JSON ({error.msg}): {self.eval_bleu_args!r}") from None
+                raise ValueError(
+                    f"--eval-bleu-args: not JSON ({error.msg}): {self.eval_bleu_args!r}"
+                ) from None
             known = {f.name for f in dataclasses.fields(EvalConfig)}
             if not isinstance(given, dict) or not set(given) <= known:
                 unknown = sorted(set(given) - known) if isinstance(given, dict) else given
-                raise ValueError(f"--eval-bleu-args: unknown search options {unknown} (known: {', '.join(sorted(known))})")
+                raise ValueError(
+                    f"--eval-bleu-args: unknown search options {unknown} (known: {', '.join(sorted(known))})"
+                )
             options.update(given)
         EvalConfig(**options)  # its own checks, naming the option
         return options
@@ -465,7 +620,9 @@ class CheckpointConfig:
 class LoggingConfig:
     tensorboard_logdir: str | None = opt(None, "write TensorBoard scalars here")
     log_interval: int = opt(10, "log training statistics every N updates")
-    log_format: str = opt("simple", "simple, or json (one object per line on stdout)", choices=("simple", "json"))
+    log_format: str = opt(
+        "simple", "simple, or json (one object per line on stdout)", choices=("simple", "json")
+    )
     log_file: str | None = opt(None, "also append the log lines to this file")
     log_all_ranks: bool = opt(False, "log from every rank, not only rank 0")
     no_progress_bar: bool = opt(False, "no progress bar (the log lines stay)")
@@ -484,11 +641,15 @@ class RunConfig:
     cpu: bool = opt(False, "fairseq's spelling of --device cpu")
     bf16: bool = opt(False, "bfloat16 autocast")
     fp16: bool = opt(False, "float16 autocast with loss scaling (overflows skip the update)")
-    compile: bool = opt(False, "torch.compile with static (bucketed) shapes, all compiled at start-up")
+    compile: bool = opt(
+        False, "torch.compile with static (bucketed) shapes, all compiled at start-up"
+    )
     seed: int = opt(1, "seed of the weights, the batch order and dropout")
     max_update: int = opt(0, "stop after this many updates (0: no limit)")
     max_epoch: int = opt(0, "stop after this many epochs (0: no limit)")
-    stop_time_hours: float = opt(0.0, "stop after this much wall-clock time, that of the runs resumed included (0: no limit)")
+    stop_time_hours: float = opt(
+        0.0, "stop after this much wall-clock time, that of the runs resumed included (0: no limit)"
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -512,7 +673,11 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        _require(self.optim.lr_scheduler != "cosine" or self.run.max_update > 0, "lr_scheduler", "cosine needs --max-update")
+        _require(
+            self.optim.lr_scheduler != "cosine" or self.run.max_update > 0,
+            "lr_scheduler",
+            "cosine needs --max-update",
+        )
 
 
 @dataclass
@@ -529,10 +694,18 @@ class EvalConfig:
     no_repeat_ngram_size: int = opt(0, "never repeat an n-gram of this size (0: off)")
     sampling: bool = opt(False, "sample instead of beam search")
     temperature: float = opt(1.0, "sampling temperature")
-    topk: int = opt(0, "sample from the k most likely tokens (0: all)", aliases=("--sampling-topk",))
-    topp: float = opt(1.0, "sample from the smallest set with probability >= p", aliases=("--sampling-topp",))
+    topk: int = opt(
+        0, "sample from the k most likely tokens (0: all)", aliases=("--sampling-topk",)
+    )
+    topp: float = opt(
+        1.0, "sample from the smallest set with probability >= p", aliases=("--sampling-topp",)
+    )
     seed: int = opt(1, "sampling seed")
-    batch_size: int | None = opt(None, "sentences per batch (default 64 unless --max-tokens is given)", aliases=("--max-sentences",))
+    batch_size: int | None = opt(
+        None,
+        "sentences per batch (default 64 unless --max-tokens is given)",
+        aliases=("--max-sentences",),
+    )
     max_tokens: int | None = opt(None, "source tokens per batch, padding included")
     buffer_size: int | None = opt(
         None,
@@ -545,20 +718,40 @@ class EvalConfig:
         if self.batch_size is None and self.max_tokens is None:
             self.batch_size = 64
         _require(self.beam >= 1, "beam", f"must be >= 1, got {self.beam}")
-        _require(1 <= self.nbest <= self.beam, "nbest", f"must be in [1, --beam={self.beam}], got {self.nbest}")
+        _require(
+            1 <= self.nbest <= self.beam,
+            "nbest",
+            f"must be in [1, --beam={self.beam}], got {self.nbest}",
+        )
         _require(self.max_len_a >= 0, "max_len_a", f"must be >= 0, got {self.max_len_a}")
         _require(self.max_len_b >= 0, "max_len_b", f"must be >= 0, got {self.max_len_b}")
         _require(self.min_len >= 0, "min_len", f"must be >= 0, got {self.min_len}")
-        _require(self.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", f"must be >= 0, got {self.no_repeat_ngram_size}")
+        _require(
+            self.no_repeat_ngram_size >= 0,
+            "no_repeat_ngram_size",
+            f"must be >= 0, got {self.no_repeat_ngram_size}",
+        )
         _require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         _require(self.topk >= 0, "topk", f"must be >= 0, got {self.topk}")
         _require(0.0 < self.topp <= 1.0, "topp", f"must be in (0, 1], got {self.topp}")
         if not self.sampling:
             for name, default in (("temperature", 1.0), ("topk", 0), ("topp", 1.0)):
                 _require(getattr(self, name) == default, name, "only applies with --sampling")
-        _require(self.batch_size is None or self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        _require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
-        _require(self.buffer_size is None or self.buffer_size >= 1, "buffer_size", f"must be >= 1, got {self.buffer_size}")
+        _require(
+            self.batch_size is None or self.batch_size >= 1,
+            "batch_size",
+            f"must be >= 1, got {self.batch_size}",
+        )
+        _require(
+            self.max_tokens is None or self.max_tokens >= 1,
+            "max_tokens",
+            f"must be >= 1, got {self.max_tokens}",
+        )
+        _require(
+            self.buffer_size is None or self.buffer_size >= 1,
+            "buffer_size",
+            f"must be >= 1, got {self.buffer_size}",
+        )
 
 
 EVAL_OUTPUT_FORMATS = ("plain", "fairseq")
@@ -573,14 +766,34 @@ class EvalIOConfig:
         "step, as fairseq-generate does; one vocabulary); with --average one model of their averaged "
         "weights; with --average-last N a save dir. A comma is part of a file name, never a separator",
     )
-    data_dir: str | None = opt(None, "a directory written by nmt-preprocess", positional=True, metavar="DATA_DIR")
-    average: bool = opt(False, "average the weights of the --path checkpoints into one model instead of ensembling them")
-    average_last: int | None = opt(None, "average the N newest numbered checkpoints in the save dir --path", metavar="N")
+    data_dir: str | None = opt(
+        None, "a directory written by nmt-preprocess", positional=True, metavar="DATA_DIR"
+    )
+    average: bool = opt(
+        False,
+        "average the weights of the --path checkpoints into one model instead of ensembling them",
+    )
+    average_last: int | None = opt(
+        None, "average the N newest numbered checkpoints in the save dir --path", metavar="N"
+    )
     split: str = opt("test", "split of DATA_DIR to translate", aliases=("--gen-subset",))
-    input: str | None = opt(None, "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)")
-    reference: str | None = opt(None, "raw reference text to score against (overrides the split's own); as many lines as the source")
-    output: str | None = opt(None, "write the output here (in input order; --nbest N: N lines per input line in plain format)")
-    results_path: str | None = opt(None, "write the output to DIR/generate-SPLIT.txt (fairseq-generate's option)", metavar="DIR")
+    input: str | None = opt(
+        None,
+        "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)",
+    )
+    reference: str | None = opt(
+        None,
+        "raw reference text to score against (overrides the split's own); as many lines as the source",
+    )
+    output: str | None = opt(
+        None,
+        "write the output here (in input order; --nbest N: N lines per input line in plain format)",
+    )
+    results_path: str | None = opt(
+        None,
+        "write the output to DIR/generate-SPLIT.txt (fairseq-generate's option)",
+        metavar="DIR",
+    )
     format: str = opt(
         "plain",
         "plain: the translations; fairseq: fairseq-generate's S-/T-/H-/D-/P- lines for every n-best (scores in base 2)",
@@ -593,33 +806,72 @@ class EvalIOConfig:
         choices=("sentencepiece",),
         aliases=("--remove-bpe",),
     )
-    print_alignment: bool = opt(False, "A- lines (--format fairseq): each target token's most attended source token, from the last decoder layer's cross-attention")
-    score_reference: bool = opt(False, "score the reference by forced decoding instead of translating (plain: one score per line, base 2)")
+    print_alignment: bool = opt(
+        False,
+        "A- lines (--format fairseq): each target token's most attended source token, from the last decoder layer's cross-attention",
+    )
+    score_reference: bool = opt(
+        False,
+        "score the reference by forced decoding instead of translating (plain: one score per line, base 2)",
+    )
     quiet: bool = opt(False, "print no translations, only the scores")
-    score_tokenized_lowercase: bool = opt(False, "also report BLEU on lowercased, tokenized text (as many Multi30k papers do)")
+    score_tokenized_lowercase: bool = opt(
+        False, "also report BLEU on lowercased, tokenized text (as many Multi30k papers do)"
+    )
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
     cpu: bool = opt(False, "decode on the CPU (fairseq's flag; same as --device cpu)")
-    fp16: bool = opt(False, "float16 weights on CUDA; on the CPU a warning, and float32 (half precision is slower there)")
+    fp16: bool = opt(
+        False,
+        "float16 weights on CUDA; on the CPU a warning, and float32 (half precision is slower there)",
+    )
     bf16: bool = opt(False, "bfloat16 weights on CUDA; on the CPU a warning, and float32")
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(bool(self.checkpoint_paths), "path", "names no checkpoint")
-        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        _require(not self.cpu or self.device in ("auto", "cpu"), "cpu", f"cannot be combined with --device {self.device}")
+        _require(
+            re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
+            "device",
+            f"must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+        )
+        _require(
+            not self.cpu or self.device in ("auto", "cpu"),
+            "cpu",
+            f"cannot be combined with --device {self.device}",
+        )
         if self.cpu:
             self.device = "cpu"
         _require(not (self.fp16 and self.bf16), "fp16", "cannot be combined with --bf16")
-        _require(self.data_dir is None or self.input is None, "input", "give DATA_DIR (with --split) or --input, not both")
-        _require(self.average_last is None or self.average_last >= 1, "average_last", f"must be >= 1, got {self.average_last}")
-        _require(not (self.average and self.average_last is not None), "average", "cannot be combined with --average-last (which averages already)")
-        _require(self.output is None or self.results_path is None, "results_path", "cannot be combined with --output")
+        _require(
+            self.data_dir is None or self.input is None,
+            "input",
+            "give DATA_DIR (with --split) or --input, not both",
+        )
+        _require(
+            self.average_last is None or self.average_last >= 1,
+            "average_last",
+            f"must be >= 1, got {self.average_last}",
+        )
+        _require(
+            not (self.average and self.average_last is not None),
+            "average",
+            "cannot be combined with --average-last (which averages already)",
+        )
+        _require(
+            self.output is None or self.results_path is None,
+            "results_path",
+            "cannot be combined with --output",
+        )
         _require(
             self.results_path is None or self.data_dir is not None,
             "results_path",
             "names its file after the split (generate-SPLIT.txt): give DATA_DIR --split, or --output for raw text",
         )
-        _require(self.format == "fairseq" or not self.print_alignment, "print_alignment", "alignments are A- lines of --format fairseq")
+        _require(
+            self.format == "fairseq" or not self.print_alignment,
+            "print_alignment",
+            "alignments are A- lines of --format fairseq",
+        )
         _require(
             not self.score_reference or self.data_dir is not None or self.reference is not None,
             "score_reference",
@@ -654,7 +906,11 @@ class PlotConfig:
         positional=True,
         metavar="LOGDIR_OR_JSONLOG",
     )
-    output: str = opt("curves.png", "the picture to write (PNG, or any format matplotlib knows by the suffix)", aliases=("-o",))
+    output: str = opt(
+        "curves.png",
+        "the picture to write (PNG, or any format matplotlib knows by the suffix)",
+        aliases=("-o",),
+    )
     title: str | None = opt(None, "figure title (default: the log's path)")
 
     def __post_init__(self) -> None:

@@ -158,7 +158,9 @@ def all_gather_equal(tensor: torch.Tensor, *, group: object = None) -> list[torc
     return gathered
 
 
-def all_to_all_v(send: torch.Tensor, send_counts: list[int], *, group: object = None) -> torch.Tensor:
+def all_to_all_v(
+    send: torch.Tensor, send_counts: list[int], *, group: object = None
+) -> torch.Tensor:
     """Send rows ``send[sum(send_counts[:r]) : ...]`` to rank r of ``group``; return the rows received.
 
     A true all-to-all-v (uneven split sizes, no padding to the widest chunk): the counts are
@@ -174,6 +176,10 @@ def all_to_all_v(send: torch.Tensor, send_counts: list[int], *, group: object = 
     torch_dist.all_to_all_single(recv_counts, counts, group=group)
     recv = torch.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
     torch_dist.all_to_all_single(
-        recv, send.contiguous(), output_split_sizes=recv_counts.tolist(), input_split_sizes=send_counts, group=group
+        recv,
+        send.contiguous(),
+        output_split_sizes=recv_counts.tolist(),
+        input_split_sizes=send_counts,
+        group=group,
     )
     return recv

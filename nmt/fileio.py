@@ -36,7 +36,9 @@ def fsync_directory(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str, mode: str = "wb", *, tag: str = "", **open_kwargs: Any) -> Iterator[IO[Any]]:
+def atomic_write(
+    path: str, mode: str = "wb", *, tag: str = "", **open_kwargs: Any
+) -> Iterator[IO[Any]]:
     """``with atomic_write(path) as handle: ...``: ``path`` appears complete, or not at all.
 
     ``tag`` distinguishes temporaries of several writers in one process (threads).
@@ -123,10 +125,14 @@ def check_destination(destination: str, *, replace: bool, option: str, replace_f
     if os.path.exists(destination) and not os.path.isdir(destination):
         raise ValueError(f"{destination}: exists and is not a directory ({option})")
     if os.path.isdir(destination) and os.listdir(destination) and not replace:
-        raise ValueError(f"{destination}: exists and is not empty; pass {replace_flag} to replace it ({option})")
+        raise ValueError(
+            f"{destination}: exists and is not empty; pass {replace_flag} to replace it ({option})"
+        )
 
 
-def install_directory(workdir: str, destination: str, *, replace: bool, option: str, replace_flag: str) -> None:
+def install_directory(
+    workdir: str, destination: str, *, replace: bool, option: str, replace_flag: str
+) -> None:
     """Move a finished directory into place; an old one (``replace``) goes only after that. The
     destination is checked again here: a lock keeps other nmt runs out, not other programs."""
     import shutil
@@ -148,7 +154,9 @@ def lock_path_beside(directory: str) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_lock(lock_path: str, *, what: str, shared: bool = False, wait: bool = False) -> Iterator[None]:
+def exclusive_lock(
+    lock_path: str, *, what: str, shared: bool = False, wait: bool = False
+) -> Iterator[None]:
     """Hold ``fcntl.flock`` on ``lock_path`` for the ``with`` block; the file records the holder's PID.
 
     The kernel drops the lock when its process dies, so a crashed run never leaves it stuck. Taken
@@ -178,7 +186,9 @@ def _acquire(lock_path: str, *, what: str, shared: bool, wait: bool) -> int:
         except OSError as error:
             raise describe_os_error(error, what) from None
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(
+                fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+            )
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").split() or ["unknown"]
             os.close(fd)

@@ -9,7 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, modules: dict[str, list[str]]) -> tuple[Callable[[str], Any], list[str]]:
+def lazy_exports(
+    package: str, modules: dict[str, list[str]]
+) -> tuple[Callable[[str], Any], list[str]]:
     """``__getattr__`` and ``__all__`` for ``package``, whose names live in the given submodules."""
     owner = {name: module for module, names in modules.items() for name in names}
 

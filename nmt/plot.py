@@ -81,30 +81,49 @@ def _json_points(path: str) -> dict[str, dict[int, tuple[float, float]]]:
             continue
         for name, (kind, key) in CURVES.items():
             if record.get("kind") == kind and isinstance(record.get(key), (int, float)):
-                points[name][int(record["update"])] = (float(record.get("time", np.nan)), float(record[key]))
+                points[name][int(record["update"])] = (
+                    float(record.get("time", np.nan)),
+                    float(record[key]),
+                )
     return points
 
 
 def _event_directories(root: str) -> list[str]:
-    directories = sorted({dirpath for dirpath, _, files in os.walk(root) if any("tfevents" in name for name in files)})
+    directories = sorted(
+        {
+            dirpath
+            for dirpath, _, files in os.walk(root)
+            if any("tfevents" in name for name in files)
+        }
+    )
     if not directories:
-        raise ValueError(f"{root}: no TensorBoard event files (events.out.tfevents.*) in this directory")
+        raise ValueError(
+            f"{root}: no TensorBoard event files (events.out.tfevents.*) in this directory"
+        )
     return directories
 
 
-def _tensorboard_points(directories: list[str], *, only_file: str | None = None) -> dict[str, dict[int, tuple[float, float]]]:
+def _tensorboard_points(
+    directories: list[str], *, only_file: str | None = None
+) -> dict[str, dict[int, tuple[float, float]]]:
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
-        raise ValueError("reading TensorBoard event files needs the tensorboard package (pip install 'nmt[tensorboard]')") from None
+        raise ValueError(
+            "reading TensorBoard event files needs the tensorboard package (pip install 'nmt[tensorboard]')"
+        ) from None
     points: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in CURVES}
     for directory in directories:
-        accumulator = EventAccumulator(only_file or directory, size_guidance={"scalars": 0})  # 0: keep every point
+        accumulator = EventAccumulator(
+            only_file or directory, size_guidance={"scalars": 0}
+        )  # 0: keep every point
         accumulator.Reload()
         tags = set(accumulator.Tags().get("scalars", []))
         for name, (kind, key) in CURVES.items():
             if f"{kind}/{key}" in tags:
-                for event in sorted(accumulator.Scalars(f"{kind}/{key}"), key=lambda e: e.wall_time):
+                for event in sorted(
+                    accumulator.Scalars(f"{kind}/{key}"), key=lambda e: e.wall_time
+                ):
                     points[name][int(event.step)] = (float(event.wall_time), float(event.value))
     return points
 
@@ -117,8 +136,15 @@ def plot_curves(curves: dict[str, Series], output: str, *, title: str) -> None:
         from matplotlib.figure import Figure
     except ImportError:
         raise ValueError("nmt-plot needs matplotlib (pip install 'nmt[plot]')") from None
-    rows = [names for names in (("train loss", "valid loss"), ("valid BLEU",), ("learning rate",)) if any(n in curves for n in names)]
-    start = min((float(np.nanmin(s.times)) for s in curves.values() if not np.isnan(s.times).all()), default=None)
+    rows = [
+        names
+        for names in (("train loss", "valid loss"), ("valid BLEU",), ("learning rate",))
+        if any(n in curves for n in names)
+    ]
+    start = min(
+        (float(np.nanmin(s.times)) for s in curves.values() if not np.isnan(s.times).all()),
+        default=None,
+    )
     columns = ["updates"] + (["wall-clock minutes"] if start is not None else [])
     if start is None:
         logger.warning("the log has no wall-clock times: curves against updates only")
@@ -133,7 +159,13 @@ def plot_curves(curves: dict[str, Series], output: str, *, title: str) -> None:
                     continue
                 series = curves[name]
                 x = series.updates if column == 0 else (series.times - start) / 60.0
-                ax.plot(x, series.values, marker="o" if name.startswith("valid") else None, markersize=3, label=name)
+                ax.plot(
+                    x,
+                    series.values,
+                    marker="o" if name.startswith("valid") else None,
+                    markersize=3,
+                    label=name,
+                )
             ax.set_xlabel(xlabel)
             ax.set_ylabel("loss (base 2)" if names[0].endswith("loss") else names[0])
             ax.grid(alpha=0.3)

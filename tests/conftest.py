@@ -23,7 +23,9 @@ def _pairs(count, seed):
     pairs = []
     for _ in range(count):
         picks = [rng.randrange(len(WORDS)) for _ in range(rng.randint(2, 14))]
-        pairs.append((" ".join(WORDS[p] for p in picks), " ".join(WORTE[p] for p in reversed(picks))))
+        pairs.append(
+            (" ".join(WORDS[p] for p in picks), " ".join(WORTE[p] for p in reversed(picks)))
+        )
     return pairs
 
 
@@ -35,8 +37,13 @@ def tiny_data(tmp_path_factory):
     _write(root, "valid", _pairs(40, seed=1))
     preprocess(
         PreprocessConfig(
-            source_lang="en", target_lang="de", trainpref=[str(root / "train")], validpref=[str(root / "valid")],
-            destdir=str(root / "data"), spm_vocab_size=60, workers=1,
+            source_lang="en",
+            target_lang="de",
+            trainpref=[str(root / "train")],
+            validpref=[str(root / "valid")],
+            destdir=str(root / "data"),
+            spm_vocab_size=60,
+            workers=1,
         )
     )
     return str(root / "data")
@@ -51,8 +58,13 @@ def two_corpus_data(tmp_path_factory):
     _write(root, "valid", _pairs(30, seed=12))
     preprocess(
         PreprocessConfig(
-            source_lang="en", target_lang="de", trainpref=[str(root / "big"), str(root / "small")],
-            validpref=[str(root / "valid")], destdir=str(root / "data"), spm_vocab_size=60, workers=1,
+            source_lang="en",
+            target_lang="de",
+            trainpref=[str(root / "big"), str(root / "small")],
+            validpref=[str(root / "valid")],
+            destdir=str(root / "data"),
+            spm_vocab_size=60,
+            workers=1,
         )
     )
     return str(root / "data")

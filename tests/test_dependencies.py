@@ -15,10 +15,43 @@ FORBIDDEN = {
     "nmt/deploy": ("nmt.train", "nmt_cli"),
     "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
     "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy"),
-    "nmt/checkpoint_io.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli"),
-    "nmt/plot.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt_cli", "torch"),
-    "nmt/lazy.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
-    "nmt/fileio.py": ("nmt.config", "nmt.dist", "nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
+    "nmt/checkpoint_io.py": (
+        "nmt.data",
+        "nmt.model",
+        "nmt.train",
+        "nmt.eval",
+        "nmt.deploy",
+        "nmt_cli",
+    ),
+    "nmt/plot.py": (
+        "nmt.data",
+        "nmt.model",
+        "nmt.train",
+        "nmt.eval",
+        "nmt.deploy",
+        "nmt_cli",
+        "torch",
+    ),
+    "nmt/lazy.py": (
+        "nmt.config",
+        "nmt.dist",
+        "nmt.data",
+        "nmt.model",
+        "nmt.train",
+        "nmt.eval",
+        "nmt.deploy",
+        "torch",
+    ),
+    "nmt/fileio.py": (
+        "nmt.config",
+        "nmt.dist",
+        "nmt.data",
+        "nmt.model",
+        "nmt.train",
+        "nmt.eval",
+        "nmt.deploy",
+        "torch",
+    ),
 }
 
 
@@ -41,7 +74,9 @@ def test_no_import_against_the_dependency_direction(part):
     for path in files:
         for module in imported_modules(path):
             for forbidden in FORBIDDEN[part]:
-                assert not (module == forbidden or module.startswith(forbidden + ".")), f"{path.relative_to(ROOT)} imports {module}"
+                assert not (module == forbidden or module.startswith(forbidden + ".")), (
+                    f"{path.relative_to(ROOT)} imports {module}"
+                )
 
 
 def test_config_does_not_import_torch_at_import_time():
@@ -60,14 +95,18 @@ def module_name(path: pathlib.Path) -> str:
 def test_no_import_cycle_inside_nmt():
     modules = {module_name(path): path for path in (ROOT / "nmt").rglob("*.py")}
     graph = {
-        name: {m for m in imported_modules(path) if m in modules and m != name and not name.startswith(m + ".")}
+        name: {
+            m
+            for m in imported_modules(path)
+            if m in modules and m != name and not name.startswith(m + ".")
+        }
         for name, path in modules.items()
     }
     done, stack = set(), []
 
     def visit(name: str) -> None:
         if name in stack:
-            cycle = stack[stack.index(name):] + [name]
+            cycle = stack[stack.index(name) :] + [name]
             raise AssertionError("import cycle: " + " -> ".join(cycle))
         if name in done:
             return

@@ -18,11 +18,16 @@ BUILD = "import sys; sys.path.insert(0, 'tools'); import build_backend; print(ge
 
 def installed_packages() -> list[str]:
     tomllib = pytest.importorskip("tomllib")
-    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]["packages"]
 
 
 def test_every_package_directory_is_listed_in_pyproject() -> None:
-    on_disk = {".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "nmt").rglob("__init__.py")}
+    on_disk = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for path in (ROOT / "nmt").rglob("__init__.py")
+    }
     listed = set(installed_packages())
     assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
     assert listed - on_disk == {"nmt_cli"} and (ROOT / "cli" / "__init__.py").is_file()
@@ -30,7 +35,9 @@ def test_every_package_directory_is_listed_in_pyproject() -> None:
 
 def tracked_files() -> list[str]:
     try:
-        listing = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        listing = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("needs a git checkout (the sdist is checked on a copy of the tracked files)")
     return [name for name in listing.decode().split("\0") if name and (ROOT / name).is_file()]
@@ -44,8 +51,11 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
         shutil.copy2(ROOT / name, checkout / name)
     dist = tmp_path / "dist"
     dist.mkdir()
+
     def build(hook: str, cwd: pathlib.Path) -> str:
-        result = subprocess.run([sys.executable, "-c", BUILD, hook, str(dist)], cwd=cwd, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-c", BUILD, hook, str(dist)], cwd=cwd, capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout.strip().splitlines()[-1]
 
@@ -53,19 +63,47 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
     with tarfile.open(sdist) as archive:
         names = [member.name.split("/", 1)[1] for member in archive.getmembers() if member.isfile()]
         archive.extractall(tmp_path / "unpacked", filter="data")
-    sources = {name for name in files if name.endswith(".py") and name.split("/")[0] in ("nmt", "cli")}
+    sources = {
+        name for name in files if name.endswith(".py") and name.split("/")[0] in ("nmt", "cli")
+    }
     sources |= {"nmt/deploy/static/index.html"}  # package data: nmt-serve's web page
-    expected = sources | {"PKG-INFO", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tools/build_backend.py"}
+    expected = sources | {
+        "PKG-INFO",
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "MANIFEST.in",
+        "tools/build_backend.py",
+    }
     assert sorted(names) == sorted(expected)  # no egg-info, setup.cfg, tests, data, benchmarks...
 
     wheel = dist / build("build_wheel", next((tmp_path / "unpacked").iterdir()))
     with zipfile.ZipFile(wheel) as archive:
         contents = set(archive.namelist())
-        metadata = archive.read(next(n for n in contents if n.endswith(".dist-info/METADATA"))).decode()
-        entry_points = archive.read(next(n for n in contents if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert {"nmt_cli/eval.py", "nmt_cli/plot.py", "nmt/plot.py", "nmt/eval/ensemble.py", "nmt/deploy/static/index.html"} <= contents
+        metadata = archive.read(
+            next(n for n in contents if n.endswith(".dist-info/METADATA"))
+        ).decode()
+        entry_points = archive.read(
+            next(n for n in contents if n.endswith(".dist-info/entry_points.txt"))
+        ).decode()
+    assert {
+        "nmt_cli/eval.py",
+        "nmt_cli/plot.py",
+        "nmt/plot.py",
+        "nmt/eval/ensemble.py",
+        "nmt/deploy/static/index.html",
+    } <= contents
     assert not any(name.startswith(("cli/", "tests/", "tools/")) for name in contents)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: plot" in metadata
-    assert "Requires-Dist: tensorboard" in metadata and "extra == \"tensorboard\"" in metadata  # optional, not core
-    for command in ("nmt-preprocess", "nmt-train", "nmt-eval", "nmt-plot", "nmt-export", "nmt-serve"):
+    assert (
+        "Requires-Dist: tensorboard" in metadata and 'extra == "tensorboard"' in metadata
+    )  # optional, not core
+    for command in (
+        "nmt-preprocess",
+        "nmt-train",
+        "nmt-eval",
+        "nmt-plot",
+        "nmt-export",
+        "nmt-serve",
+    ):
         assert f"{command} = nmt_cli." in entry_points

@@ -16,7 +16,14 @@ def parser_options():
     from nmt_cli.train import build_parser as train_parser
 
     options = set()
-    for parser in (preprocess_parser(), train_parser(), eval_parser(), plot_parser(), export_parser(), serve_parser()):
+    for parser in (
+        preprocess_parser(),
+        train_parser(),
+        eval_parser(),
+        plot_parser(),
+        export_parser(),
+        serve_parser(),
+    ):
         for action in parser._actions:
             options.update(action.option_strings)
     return options
@@ -30,7 +37,13 @@ def recipe_options():
 
 def benchmark_options():
     """The options of the benchmark scripts README quotes figures from."""
-    return {flag for path in (ROOT / "benchmarks").glob("*.py") for flag in re.findall(r"add_argument\(\s*\"(--[a-z0-9-]+)\"", path.read_text(encoding="utf-8"))}
+    return {
+        flag
+        for path in (ROOT / "benchmarks").glob("*.py")
+        for flag in re.findall(
+            r"add_argument\(\s*\"(--[a-z0-9-]+)\"", path.read_text(encoding="utf-8")
+        )
+    }
 
 
 def test_every_documented_flag_exists():

@@ -26,10 +26,16 @@ def build_sdist(sdist_directory: str, config_settings: dict | None = None) -> st
     name = _setuptools.build_sdist(sdist_directory, config_settings)
     path = os.path.join(sdist_directory, name)
     kept = io.BytesIO()
-    with tarfile.open(path, "r:gz") as source, tarfile.open(fileobj=kept, mode="w", format=source.format) as target:
+    with (
+        tarfile.open(path, "r:gz") as source,
+        tarfile.open(fileobj=kept, mode="w", format=source.format) as target,
+    ):
         for member in source.getmembers():
             if not _unwanted(member.name):
                 target.addfile(member, source.extractfile(member) if member.isfile() else None)
-    with open(path, "wb") as handle, gzip.GzipFile(fileobj=handle, mode="wb", mtime=0, filename="") as compressed:
+    with (
+        open(path, "wb") as handle,
+        gzip.GzipFile(fileobj=handle, mode="wb", mtime=0, filename="") as compressed,
+    ):
         compressed.write(kept.getvalue())
     return name

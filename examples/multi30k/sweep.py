@@ -21,31 +21,107 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # The starting point each choice changes one thing of.
 BASE = [
-    "--arch", "transformer_tiny", "--encoder-layers", "3", "--decoder-layers", "3",
-    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-    "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-    "--share-all-embeddings", "--dropout", "0.3", "--label-smoothing", "0.1", "--layout", "packed",
-    "--max-tokens", "4096", "--lr", "2e-3", "--warmup-updates", "300", "--clip-norm", "1.0",
+    "--arch",
+    "transformer_tiny",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "3",
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "1024",
+    "--decoder-ffn-embed-dim",
+    "1024",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--share-all-embeddings",
+    "--dropout",
+    "0.3",
+    "--label-smoothing",
+    "0.1",
+    "--layout",
+    "packed",
+    "--max-tokens",
+    "4096",
+    "--lr",
+    "2e-3",
+    "--warmup-updates",
+    "300",
+    "--clip-norm",
+    "1.0",
 ]
 VOCAB = 8000
 CHOICES: dict[str, tuple[str, list[str], int]] = {
-    "base": ("3+3 layers x 256, FFN 1024, 4096 tokens, lr 2e-3, warm-up 300, dropout 0.3, vocab 8k", [], VOCAB),
+    "base": (
+        "3+3 layers x 256, FFN 1024, 4096 tokens, lr 2e-3, warm-up 300, dropout 0.3, vocab 8k",
+        [],
+        VOCAB,
+    ),
     "tokens2048": ("--max-tokens 2048 (twice the updates)", ["--max-tokens", "2048"], VOCAB),
-    "ffn512": ("FFN 512", ["--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"], VOCAB),
+    "ffn512": (
+        "FFN 512",
+        ["--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"],
+        VOCAB,
+    ),
     "lr3e-3": ("--lr 3e-3", ["--lr", "3e-3"], VOCAB),
     "dropout0.1": ("--dropout 0.1", ["--dropout", "0.1"], VOCAB),
-    "curriculum": ("--curriculum length for the first epoch", ["--curriculum", "length", "--curriculum-epochs", "1"], VOCAB),
+    "curriculum": (
+        "--curriculum length for the first epoch",
+        ["--curriculum", "length", "--curriculum-epochs", "1"],
+        VOCAB,
+    ),
     "vocab6k": ("joint vocabulary of 6,000", [], 6000),
     "padded": ("--layout padded", ["--layout", "padded"], VOCAB),
     "tokens1024": ("--max-tokens 1024", ["--max-tokens", "1024"], VOCAB),
-    "tokens2048+dim128": ("--max-tokens 2048, embeddings 128, FFN 512",
-                          ["--max-tokens", "2048", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
-                           "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"], VOCAB),
-    "dim192": ("embeddings 192, FFN 768", ["--encoder-embed-dim", "192", "--decoder-embed-dim", "192",
-                                            "--encoder-ffn-embed-dim", "768", "--decoder-ffn-embed-dim", "768"], VOCAB),
-    "dim128": ("embeddings 128, FFN 512", ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
-                                            "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"], VOCAB),
+    "tokens2048+dim128": (
+        "--max-tokens 2048, embeddings 128, FFN 512",
+        [
+            "--max-tokens",
+            "2048",
+            "--encoder-embed-dim",
+            "128",
+            "--decoder-embed-dim",
+            "128",
+            "--encoder-ffn-embed-dim",
+            "512",
+            "--decoder-ffn-embed-dim",
+            "512",
+        ],
+        VOCAB,
+    ),
+    "dim192": (
+        "embeddings 192, FFN 768",
+        [
+            "--encoder-embed-dim",
+            "192",
+            "--decoder-embed-dim",
+            "192",
+            "--encoder-ffn-embed-dim",
+            "768",
+            "--decoder-ffn-embed-dim",
+            "768",
+        ],
+        VOCAB,
+    ),
+    "dim128": (
+        "embeddings 128, FFN 512",
+        [
+            "--encoder-embed-dim",
+            "128",
+            "--decoder-embed-dim",
+            "128",
+            "--encoder-ffn-embed-dim",
+            "512",
+            "--decoder-ffn-embed-dim",
+            "512",
+        ],
+        VOCAB,
+    ),
     "layers4": ("4+4 layers", ["--encoder-layers", "4", "--decoder-layers", "4"], VOCAB),
 }
 # The second round starts from the first round's winner (nmt-train's defaults since) and changes one
@@ -74,9 +150,25 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str
 def dataset(out: Path, vocab: int) -> Path:
     destdir = out / f"data{vocab}"
     if not (destdir / "manifest.json").exists():
-        run(["nmt-preprocess", "-s", "en", "-t", "de", "--trainpref", "data/multi30k/train",
-             "--validpref", "data/multi30k/val", "--destdir", str(destdir), "--spm-vocab-size", str(vocab),
-             "--overwrite"], capture_output=True)
+        run(
+            [
+                "nmt-preprocess",
+                "-s",
+                "en",
+                "-t",
+                "de",
+                "--trainpref",
+                "data/multi30k/train",
+                "--validpref",
+                "data/multi30k/val",
+                "--destdir",
+                str(destdir),
+                "--spm-vocab-size",
+                str(vocab),
+                "--overwrite",
+            ],
+            capture_output=True,
+        )
     return destdir
 
 
@@ -85,7 +177,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0, help="training budget of each choice")
     parser.add_argument("--out", default="runs/sweep")
     parser.add_argument("--only", nargs="+", choices=sorted(CHOICES), help="these choices only")
-    parser.add_argument("--average-last", type=int, default=3, help="numbered checkpoints (every 50 updates) averaged")
+    parser.add_argument(
+        "--average-last",
+        type=int,
+        default=3,
+        help="numbered checkpoints (every 50 updates) averaged",
+    )
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -96,15 +193,54 @@ def main() -> None:
         description, flags, vocab = CHOICES[name]
         data, save_dir = dataset(out, vocab), out / name
         cpu_before, wall_before = os.times(), time.perf_counter()
-        run(["nmt-train", str(data), *BASE, *flags, "--stop-time-hours", str(args.minutes / 60),
-             "--save-dir", str(save_dir), "--save-interval-updates", "50",
-             "--keep-interval-updates", str(args.average_last), "--no-epoch-checkpoints", "--no-progress-bar",
-             "--log-file", str(save_dir / "train.log")], capture_output=True)
+        run(
+            [
+                "nmt-train",
+                str(data),
+                *BASE,
+                *flags,
+                "--stop-time-hours",
+                str(args.minutes / 60),
+                "--save-dir",
+                str(save_dir),
+                "--save-interval-updates",
+                "50",
+                "--keep-interval-updates",
+                str(args.average_last),
+                "--no-epoch-checkpoints",
+                "--no-progress-bar",
+                "--log-file",
+                str(save_dir / "train.log"),
+            ],
+            capture_output=True,
+        )
         cpu_after, wall = os.times(), time.perf_counter() - wall_before
-        cpu = (cpu_after.children_user + cpu_after.children_system - cpu_before.children_user - cpu_before.children_system)
-        updates = re.findall(r"\((\d+) updates, [\d.]+ min\)", (save_dir / "train.log").read_text())[-1]
-        scored = run(["nmt-eval", str(data), "--path", str(save_dir), "--average-last", str(args.average_last),
-                      "--split", "valid", "--beam", "5", "--output", str(save_dir / "valid.hyp")], capture_output=True)
+        cpu = (
+            cpu_after.children_user
+            + cpu_after.children_system
+            - cpu_before.children_user
+            - cpu_before.children_system
+        )
+        updates = re.findall(
+            r"\((\d+) updates, [\d.]+ min\)", (save_dir / "train.log").read_text()
+        )[-1]
+        scored = run(
+            [
+                "nmt-eval",
+                str(data),
+                "--path",
+                str(save_dir),
+                "--average-last",
+                str(args.average_last),
+                "--split",
+                "valid",
+                "--beam",
+                "5",
+                "--output",
+                str(save_dir / "valid.hyp"),
+            ],
+            capture_output=True,
+        )
         bleu = re.search(r"^BLEU = ([\d.]+)", scored.stdout, flags=re.M)
         assert bleu is not None, scored.stdout
         row = f"| {name}: {description} | {bleu.group(1)} | {updates} | {cpu / (wall * os.cpu_count()):.0%} |"

@@ -8,7 +8,13 @@ __getattr__, __all__ = lazy_exports(
     {
         "nmt.data.batching": ["Batches", "global_batches", "shard"],
         "nmt.data.sampler": ["MaxTokensBatchSampler"],
-        "nmt.data.blend": ["BlendedCorpus", "BlendedEpochs", "build_blend_index", "load_or_build_blend_index", "weights_from_temperature"],
+        "nmt.data.blend": [
+            "BlendedCorpus",
+            "BlendedEpochs",
+            "build_blend_index",
+            "load_or_build_blend_index",
+            "weights_from_temperature",
+        ],
         "nmt.data.collate": ["collate"],
         "nmt.data.corpus": ["ParallelCorpus"],
         "nmt.data.curriculum": ["competence"],

@@ -80,7 +80,9 @@ def check_lengths(
     """Lengths rounded up to ``length_multiple``; ValueError naming the first sample that cannot fit
     in any batch (the preprocess filter prevents it)."""
     if src_lengths.shape != tgt_lengths.shape or src_lengths.ndim != 1:
-        raise ValueError(f"src_lengths {src_lengths.shape} and tgt_lengths {tgt_lengths.shape} must be equal 1-D")
+        raise ValueError(
+            f"src_lengths {src_lengths.shape} and tgt_lengths {tgt_lengths.shape} must be equal 1-D"
+        )
     src = round_up(src_lengths, length_multiple)
     tgt = round_up(tgt_lengths, length_multiple)
     negative = np.flatnonzero((src_lengths < 0) | (tgt_lengths < 0))
@@ -225,18 +227,29 @@ def global_batches(
     """
     src_lengths = np.asarray(src_lengths)
     tgt_lengths = np.asarray(tgt_lengths)
-    src, tgt = check_lengths(src_lengths, tgt_lengths, max_tokens=cfg.max_tokens, length_multiple=length_multiple)
+    src, tgt = check_lengths(
+        src_lengths, tgt_lengths, max_tokens=cfg.max_tokens, length_multiple=length_multiple
+    )
     if cfg.competence_updates > 0 and difficulty is None:
         raise ValueError("--competence-updates needs a curriculum (difficulty per sample)")
     rngs = [np.random.default_rng([seed, epoch, stream]) for stream in range(3)]
-    active = difficulty is not None and curriculum_active(cfg, epoch=epoch, start_update=start_update)
+    active = difficulty is not None and curriculum_active(
+        cfg, epoch=epoch, start_update=start_update
+    )
     fractions = difficulty_fractions(difficulty) if active else None
     bins = None
     if fractions is not None:
         # fraction * N - 1 is the rank; equal-size bins by rank.
         ranks = np.rint(fractions * src.shape[0]).astype(np.int64) - 1
         bins = ranks * cfg.curriculum_bins // max(src.shape[0], 1)
-    order = length_order(src, tgt, noise=cfg.batch_noise, noise_mode=cfg.noise_mode, rng=rngs[_NOISE_STREAM], bins=bins)
+    order = length_order(
+        src,
+        tgt,
+        noise=cfg.batch_noise,
+        noise_mode=cfg.noise_mode,
+        rng=rngs[_NOISE_STREAM],
+        bins=bins,
+    )
     breaks = None if bins is None else np.flatnonzero(np.diff(bins[order])) + 1
     offsets = greedy_offsets(
         src[order],

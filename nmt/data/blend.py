@@ -37,10 +37,10 @@ import mmap
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -362,7 +362,9 @@ class BlendedEpochs:
         corpus_path, sample_path = self._part_paths(epoch, rank)
         if corpus_path.exists() and sample_path.exists():
             return
-        plan = make_plan(self._sizes, self._weights, self._num_samples, seed=self._seed, epoch=epoch)
+        plan = make_plan(
+            self._sizes, self._weights, self._num_samples, seed=self._seed, epoch=epoch
+        )
         corpus_part, sample_part = _build_rank_part(
             plan, rank=rank, world_size=self._world_size, num_threads=self._num_threads
         )
@@ -401,7 +403,7 @@ class BlendedEpochs:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
 
-    def __enter__(self) -> "BlendedEpochs":
+    def __enter__(self) -> BlendedEpochs:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -456,7 +458,7 @@ class _Pieces:
     sizes: np.ndarray  # (P,) int64
     bounds: np.ndarray  # (blocks + 1,) int64: block b's pieces are [bounds[b], bounds[b + 1])
 
-    def block(self, index: int) -> "_Pieces":
+    def block(self, index: int) -> _Pieces:
         lo, hi = self.bounds[index], self.bounds[index + 1]
         return _Pieces(
             self.corpora[lo:hi],
@@ -492,7 +494,9 @@ def _block_pieces(plan: BlendPlan, sizes: np.ndarray, first_block: int, last_blo
     layout_starts = np.cumsum(lengths) - lengths - block_origins[blocks[owner]]
     corpora = used[owner]
     multipliers = plan.multipliers[corpora, passes % plan.multipliers.shape[1]]
-    pass_offsets = plan.offsets[corpora] + _mulmod(passes % spans, plan.offset_steps[corpora], spans)
+    pass_offsets = plan.offsets[corpora] + _mulmod(
+        passes % spans, plan.offset_steps[corpora], spans
+    )
     # Entry j of the pass sits at slot t = layout_start + (j - (start - pass_start)) of the block.
     first_entries = (starts - pass_starts - layout_starts) % spans
     shifts = (_mulmod(multipliers, first_entries, spans) + pass_offsets) % spans
@@ -579,7 +583,9 @@ def _walk(
     """The block's bijection of [0, num_slots): y -> base[y] ^ key (a bijection of [0, 2**bits)),
     re-applied to the few values that land at or past num_slots (cycle walking)."""
     values = np.bitwise_xor(base[:num_slots], key, out=out)
-    beyond = np.greater_equal(values, num_slots, out=None if scratch is None else scratch[:num_slots])
+    beyond = np.greater_equal(
+        values, num_slots, out=None if scratch is None else scratch[:num_slots]
+    )
     outside = np.flatnonzero(beyond)
     while outside.size:
         walked = base[values[outside]] ^ key
@@ -652,7 +658,9 @@ def _prefaulting(arrays: list[np.ndarray], *, num_streams: int) -> Iterator[None
             for lo, hi in ranges:
                 start = lo + offset
                 start -= start % mmap.PAGESIZE  # madvise takes page-aligned starts
-                if start < hi and madvise(start, min(_PREFAULT_CHUNK, hi - start), _MADV_POPULATE_WRITE):
+                if start < hi and madvise(
+                    start, min(_PREFAULT_CHUNK, hi - start), _MADV_POPULATE_WRITE
+                ):
                     return  # not supported here
             offset += _PREFAULT_CHUNK
 
@@ -702,8 +710,12 @@ class BlendedCorpus:
         starts = np.zeros(len(self.corpora), dtype=np.int64)
         np.cumsum([len(c) for c in self.corpora[:-1]], out=starts[1:])
         self.flat_ids = starts[corpus_ids] + sample_ids  # (N,) position in the concatenated corpora
-        self.src_lengths = np.concatenate([np.asarray(c.src_lengths) for c in self.corpora])[self.flat_ids]
-        self.tgt_lengths = np.concatenate([np.asarray(c.tgt_lengths) for c in self.corpora])[self.flat_ids]
+        self.src_lengths = np.concatenate([np.asarray(c.src_lengths) for c in self.corpora])[
+            self.flat_ids
+        ]
+        self.tgt_lengths = np.concatenate([np.asarray(c.tgt_lengths) for c in self.corpora])[
+            self.flat_ids
+        ]
 
     def __len__(self) -> int:
         return int(self.corpus_ids.shape[0])

@@ -37,7 +37,9 @@ def _flatten(samples: Sequence[Sample], side: int) -> tuple[np.ndarray, np.ndarr
     arrays = [np.asarray(sample[side]) for sample in samples]
     for i, array in enumerate(arrays):
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-            raise ValueError(f"sample {i}: side {side} must be a 1-D integer array, got {array.dtype} {array.shape}")
+            raise ValueError(
+                f"sample {i}: side {side} must be a 1-D integer array, got {array.dtype} {array.shape}"
+            )
     lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
     tokens = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, dtype=np.int64)
     return tokens, lengths
@@ -52,7 +54,9 @@ def shift_right(target: np.ndarray, lengths: np.ndarray, *, bos_id: int) -> np.n
     return prev
 
 
-def _padded_total(num_real: int, *, pad_to: int | None, multiple: int, name: str, minimum: int = 0) -> int:
+def _padded_total(
+    num_real: int, *, pad_to: int | None, multiple: int, name: str, minimum: int = 0
+) -> int:
     if pad_to is not None and pad_to < num_real:
         raise ValueError(f"{name}={pad_to} is smaller than the batch needs ({num_real})")
     return _round_up(max(num_real, pad_to or 0, minimum), multiple)
@@ -82,7 +86,11 @@ def collate(
         "src": torch.from_numpy(np.concatenate([src_lengths, extra_rows])),
         "tgt": torch.from_numpy(np.concatenate([tgt_lengths, extra_rows])),
     }
-    tokens = {"src_tokens": ("src", src), "prev_output_tokens": ("tgt", prev), "target": ("tgt", tgt)}
+    tokens = {
+        "src_tokens": ("src", src),
+        "prev_output_tokens": ("tgt", prev),
+        "target": ("tgt", tgt),
+    }
     batch: dict[str, torch.Tensor] = {
         "src_lengths": lengths["src"],
         "tgt_lengths": lengths["tgt"],
@@ -92,7 +100,9 @@ def collate(
     if layout == "packed":
         for side in ("src", "tgt"):
             num_real = int(lengths[side].sum())
-            total = _padded_total(num_real, pad_to=pad_tokens_to, multiple=length_multiple, name="pad_tokens_to")
+            total = _padded_total(
+                num_real, pad_to=pad_tokens_to, multiple=length_multiple, name="pad_tokens_to"
+            )
             batch[f"{side}_cu_seqlens"] = cu_seqlens_from_lengths(lengths[side])
             batch[f"{side}_positions"] = positions_from_lengths(lengths[side], total=total)
         for key, (side, flat) in tokens.items():
@@ -108,5 +118,7 @@ def collate(
                 name="pad_tokens_to",
                 minimum=1,
             )
-            batch[key] = unpack(torch.from_numpy(flat), lengths[side], max_length=width, pad_value=pad_id)
+            batch[key] = unpack(
+                torch.from_numpy(flat), lengths[side], max_length=width, pad_value=pad_id
+            )
     return batch

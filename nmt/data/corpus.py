@@ -25,7 +25,11 @@ class PartedSide:
         self.parts = parts
         self.starts = np.zeros(len(parts) + 1, dtype=np.int64)  # (P+1,) first sample of each part
         np.cumsum([len(part) for part in parts], out=self.starts[1:])
-        self.lengths = parts[0].lengths if len(parts) == 1 else np.concatenate([part.lengths for part in parts])
+        self.lengths = (
+            parts[0].lengths
+            if len(parts) == 1
+            else np.concatenate([part.lengths for part in parts])
+        )
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -49,7 +53,14 @@ class ParallelCorpus:
     cores, resident memory unchanged; ``check_token_ids=False`` skips it).
     """
 
-    def __init__(self, data_dir: str, split: str, *, manifest: Manifest | None = None, check_token_ids: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        split: str,
+        *,
+        manifest: Manifest | None = None,
+        check_token_ids: bool = True,
+    ) -> None:
         self.data_dir = data_dir
         self.manifest = load_manifest(data_dir) if manifest is None else manifest
         self.split = split
@@ -69,7 +80,9 @@ class ParallelCorpus:
                     f"the manifest says {part.num_samples}"
                 )
         if check_token_ids:  # file reads and numpy release the GIL: one thread per core
-            with concurrent.futures.ThreadPoolExecutor(min(len(checks), os.cpu_count() or 1)) as pool:
+            with concurrent.futures.ThreadPoolExecutor(
+                min(len(checks), os.cpu_count() or 1)
+            ) as pool:
                 list(pool.map(lambda check: self._check_token_ids(*check), checks))
         self.src = PartedSide(sides["src"])
         self.tgt = PartedSide(sides["tgt"])

@@ -15,20 +15,28 @@ import numpy as np
 Curriculum = str | np.ndarray | None
 
 
-def difficulty_from(curriculum: Curriculum, *, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray | None:
+def difficulty_from(
+    curriculum: Curriculum, *, src_lengths: np.ndarray, tgt_lengths: np.ndarray
+) -> np.ndarray | None:
     """Per-sample difficulty (float64) from the sampler's ``curriculum`` option; None when off."""
     if curriculum is None:
         return None
     if isinstance(curriculum, str):
         if curriculum != "length":
-            raise ValueError(f"curriculum must be None, 'length' or an array of scores, got {curriculum!r}")
+            raise ValueError(
+                f"curriculum must be None, 'length' or an array of scores, got {curriculum!r}"
+            )
         return np.maximum(src_lengths, tgt_lengths).astype(np.float64)
     difficulty = np.asarray(curriculum, dtype=np.float64)
     if difficulty.shape != src_lengths.shape:
-        raise ValueError(f"curriculum has {difficulty.shape} scores, expected one per sample {src_lengths.shape}")
+        raise ValueError(
+            f"curriculum has {difficulty.shape} scores, expected one per sample {src_lengths.shape}"
+        )
     bad = np.flatnonzero(~np.isfinite(difficulty))
     if bad.size:
-        raise ValueError(f"curriculum score of sample {bad[0]} is {difficulty[bad[0]]}; scores must be finite")
+        raise ValueError(
+            f"curriculum score of sample {bad[0]} is {difficulty[bad[0]]}; scores must be finite"
+        )
     return difficulty
 
 
@@ -42,13 +50,17 @@ def difficulty_fractions(difficulty: np.ndarray) -> np.ndarray:
     return fractions
 
 
-def competence(update: int | np.ndarray, *, total_updates: int, initial: float = 0.01) -> np.ndarray:
+def competence(
+    update: int | np.ndarray, *, total_updates: int, initial: float = 0.01
+) -> np.ndarray:
     """Square-root competence c(t) in [initial, 1]; reaches 1 at ``total_updates``."""
     t = np.asarray(update, dtype=np.float64)
     return np.minimum(1.0, np.sqrt(t * (1.0 - initial**2) / total_updates + initial**2))
 
 
-def competence_update(fraction: np.ndarray, *, total_updates: int, initial: float = 0.01) -> np.ndarray:
+def competence_update(
+    fraction: np.ndarray, *, total_updates: int, initial: float = 0.01
+) -> np.ndarray:
     """The first update t with c(t) >= fraction (the inverse of ``competence``), as int64."""
     fraction = np.asarray(fraction, dtype=np.float64)
     if initial >= 1.0:  # full competence from the start
@@ -57,12 +69,18 @@ def competence_update(fraction: np.ndarray, *, total_updates: int, initial: floa
     # Round-off can make ceil land one update off either way; step to the exact first update.
     t = np.maximum(t, 0.0)
     t += competence(t, total_updates=total_updates, initial=initial) < fraction
-    t -= (t > 0) & (competence(np.maximum(t - 1, 0), total_updates=total_updates, initial=initial) >= fraction)
+    t -= (t > 0) & (
+        competence(np.maximum(t - 1, 0), total_updates=total_updates, initial=initial) >= fraction
+    )
     return t.astype(np.int64)
 
 
 def competence_schedule(
-    eligible_update: np.ndarray, *, start_update: int, batches_per_update: int, rng: np.random.Generator
+    eligible_update: np.ndarray,
+    *,
+    start_update: int,
+    batches_per_update: int,
+    rng: np.random.Generator,
 ) -> np.ndarray:
     """Order batches so none is used before the update at which it becomes eligible.
 

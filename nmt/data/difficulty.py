@@ -25,8 +25,8 @@ from nmt import dist
 from nmt.config import DataConfig
 from nmt.data.collate import Sample
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.sample_sort import distributed_sample_sort
 from nmt.data.manifest import Manifest
+from nmt.data.sample_sort import distributed_sample_sort
 from nmt.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -51,9 +51,13 @@ def corpus_difficulty(
     if spec is None:
         return None
     if spec == "length":
-        return np.concatenate([np.maximum(c.src_lengths, c.tgt_lengths) for c in corpora]).astype(np.float64)
+        return np.concatenate([np.maximum(c.src_lengths, c.tgt_lengths) for c in corpora]).astype(
+            np.float64
+        )
     if spec.startswith("file:"):
-        return np.concatenate([read_scores(path, corpus) for path, corpus in zip(cfg.curriculum_files, corpora)])
+        return np.concatenate(
+            [read_scores(path, corpus) for path, corpus in zip(cfg.curriculum_files, corpora)]
+        )
     if scorer is None:
         raise ValueError(f"--curriculum {spec}: no model scorer was given to the data plan")
     checkpoint = spec[len("model:") :]
@@ -72,7 +76,12 @@ def corpus_difficulty(
 
 
 def model_difficulty(
-    checkpoint: str, corpora: Sequence[ParallelCorpus], scorer: DifficultyScorer, *, rank: int, world_size: int
+    checkpoint: str,
+    corpora: Sequence[ParallelCorpus],
+    scorer: DifficultyScorer,
+    *,
+    rank: int,
+    world_size: int,
 ) -> np.ndarray:
     """Each pair's rank (0 = easiest) by the scores of ``scorer``, this rank scoring its chunks."""
     starts = np.cumsum([0] + [len(c) for c in corpora])
@@ -81,7 +90,9 @@ def model_difficulty(
     first, last = rank * num_chunks // world_size, (rank + 1) * num_chunks // world_size
     lo, hi = min(first * SCORE_CHUNK, total), min(last * SCORE_CHUNK, total)
     scores = np.empty(hi - lo, dtype=np.float64)
-    with tqdm(total=hi - lo, unit="pair", desc=f"score ({checkpoint})", mininterval=2.0, disable=rank != 0) as bar:
+    with tqdm(
+        total=hi - lo, unit="pair", desc=f"score ({checkpoint})", mininterval=2.0, disable=rank != 0
+    ) as bar:
         for start in range(lo, hi, SCORE_CHUNK):
             stop = min(start + SCORE_CHUNK, hi)
             samples = []
@@ -94,7 +105,9 @@ def model_difficulty(
         raise ValueError(f"--curriculum model:{checkpoint}: the model gave a non-finite score")
     rows = np.stack([scores, np.arange(lo, hi, dtype=np.float64)], axis=1)  # (n, 2): ties by index
     mine = distributed_sample_sort(rows)[:, 1].astype(np.int64)
-    order = np.concatenate([part.numpy() for part in dist.all_gather_variable(torch.from_numpy(mine))])
+    order = np.concatenate(
+        [part.numpy() for part in dist.all_gather_variable(torch.from_numpy(mine))]
+    )
     difficulty = np.empty(total, dtype=np.float64)
     difficulty[order] = np.arange(total, dtype=np.float64)
     return difficulty
@@ -107,7 +120,9 @@ def _cache_key(checkpoint: str, corpora: Sequence[ParallelCorpus], manifest: Man
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     except OSError as error:
-        raise ValueError(f"--curriculum model:{checkpoint}: cannot read the checkpoint ({error.strerror})") from None
+        raise ValueError(
+            f"--curriculum model:{checkpoint}: cannot read the checkpoint ({error.strerror})"
+        ) from None
     for corpus in corpora:
         digest.update(corpus.split.encode())
         for part in corpus.entry.parts:
@@ -143,9 +158,13 @@ def read_scores(path: str, corpus: ParallelCorpus) -> np.ndarray:
         try:
             scores[number - 1] = float(line)
         except ValueError:
-            raise ValueError(f"{path}:{number}: not a number: {line[:40]!r} (--curriculum)") from None
+            raise ValueError(
+                f"{path}:{number}: not a number: {line[:40]!r} (--curriculum)"
+            ) from None
     if not np.isfinite(scores).all():
-        raise ValueError(f"{path}:{int(np.flatnonzero(~np.isfinite(scores))[0]) + 1}: score is not finite (--curriculum)")
+        raise ValueError(
+            f"{path}:{int(np.flatnonzero(~np.isfinite(scores))[0]) + 1}: score is not finite (--curriculum)"
+        )
     num_lines = corpus.entry.num_lines
     if scores.shape[0] == num_lines:
         return scores[np.asarray(corpus.line_numbers)]

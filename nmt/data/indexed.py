@@ -29,7 +29,9 @@ _CODE_OF = {dtype: code for code, dtype in DTYPE_CODES.items()}
 
 
 def _pack_header(magic: bytes, dtype: np.dtype, count: int) -> bytes:
-    return _HEADER.pack(magic, FORMAT_VERSION, _CODE_OF[np.dtype(dtype).newbyteorder("<")], count, 0)
+    return _HEADER.pack(
+        magic, FORMAT_VERSION, _CODE_OF[np.dtype(dtype).newbyteorder("<")], count, 0
+    )
 
 
 def _read_header(path: str, magic: bytes) -> tuple[np.dtype, int]:
@@ -42,9 +44,13 @@ def _read_header(path: str, magic: bytes) -> tuple[np.dtype, int]:
         raise ValueError(f"{path}: truncated header ({len(raw)} bytes)")
     found_magic, version, code, count, _ = _HEADER.unpack(raw)
     if found_magic != magic:
-        raise ValueError(f"{path}: not an nmt {'token' if magic == BIN_MAGIC else 'index'} file (bad magic)")
+        raise ValueError(
+            f"{path}: not an nmt {'token' if magic == BIN_MAGIC else 'index'} file (bad magic)"
+        )
     if version != FORMAT_VERSION:
-        raise ValueError(f"{path}: format version {version}, this nmt reads version {FORMAT_VERSION}")
+        raise ValueError(
+            f"{path}: format version {version}, this nmt reads version {FORMAT_VERSION}"
+        )
     if code not in DTYPE_CODES:
         raise ValueError(f"{path}: unknown token dtype code {code}")
     return DTYPE_CODES[code], count
@@ -77,7 +83,9 @@ class IndexedWriter:
         self._idx = open_for_writing(prefix + ".idx")
         self._lengths = open_for_writing(self._lengths_path)
         write_all(self._bin, _pack_header(BIN_MAGIC, self.dtype, 0))
-        write_all(self._idx, _pack_header(IDX_MAGIC, self.dtype, 0) + np.zeros(1, dtype="<i8").tobytes())
+        write_all(
+            self._idx, _pack_header(IDX_MAGIC, self.dtype, 0) + np.zeros(1, dtype="<i8").tobytes()
+        )
 
     def add_many(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append ``len(lengths)`` sequences stored back to back in ``tokens``."""
@@ -101,13 +109,17 @@ class IndexedWriter:
             with open(self._lengths_path, "rb") as lengths:
                 shutil.copyfileobj(lengths, self._idx, 1 << 20)
             os.remove(self._lengths_path)
-            for handle, magic, count in ((self._bin, BIN_MAGIC, self.num_tokens), (self._idx, IDX_MAGIC, self.num_sequences)):
+            for handle, magic, count in (
+                (self._bin, BIN_MAGIC, self.num_tokens),
+                (self._idx, IDX_MAGIC, self.num_sequences),
+            ):
                 handle.seek(0)
                 handle.write(_pack_header(magic, self.dtype, count))
                 _fsync_close(handle)
         except OSError as error:
             raise describe_os_error(error, error.filename or self.prefix + ".idx") from None
         return self.num_tokens
+
 
 class IndexedDataset:
     """Memory-mapped reader: ``ds[i]`` is sequence i (a read-only view), ``ds.lengths`` all lengths."""
@@ -118,24 +130,38 @@ class IndexedDataset:
         self.dtype, num_tokens = _read_header(bin_path, BIN_MAGIC)
         idx_dtype, num_sequences = _read_header(idx_path, IDX_MAGIC)
         if idx_dtype != self.dtype:
-            raise ValueError(f"{idx_path}: dtype {idx_dtype} differs from {bin_path}'s {self.dtype}")
+            raise ValueError(
+                f"{idx_path}: dtype {idx_dtype} differs from {bin_path}'s {self.dtype}"
+            )
         expected_bin = HEADER_BYTES + num_tokens * self.dtype.itemsize
         expected_idx = HEADER_BYTES + (num_sequences + 1) * 8 + num_sequences * 4
         for path, expected in ((bin_path, expected_bin), (idx_path, expected_idx)):
             size = os.path.getsize(path)
             if size != expected:
-                raise ValueError(f"{path}: {size} bytes, header says {expected} (truncated or corrupt)")
-        self.offsets = np.memmap(idx_path, dtype="<i8", mode="r", offset=HEADER_BYTES, shape=(num_sequences + 1,))
+                raise ValueError(
+                    f"{path}: {size} bytes, header says {expected} (truncated or corrupt)"
+                )
+        self.offsets = np.memmap(
+            idx_path, dtype="<i8", mode="r", offset=HEADER_BYTES, shape=(num_sequences + 1,)
+        )
         self.lengths = np.memmap(
-            idx_path, dtype="<i4", mode="r", offset=HEADER_BYTES + (num_sequences + 1) * 8, shape=(num_sequences,)
+            idx_path,
+            dtype="<i4",
+            mode="r",
+            offset=HEADER_BYTES + (num_sequences + 1) * 8,
+            shape=(num_sequences,),
         )
         self.tokens = (
-            np.memmap(bin_path, dtype=self.dtype, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+            np.memmap(
+                bin_path, dtype=self.dtype, mode="r", offset=HEADER_BYTES, shape=(num_tokens,)
+            )
             if num_tokens
             else np.zeros(0, dtype=self.dtype)
         )
         if num_sequences and int(self.offsets[-1]) != num_tokens:
-            raise ValueError(f"{idx_path}: offsets end at {int(self.offsets[-1])}, {bin_path} holds {num_tokens} tokens")
+            raise ValueError(
+                f"{idx_path}: offsets end at {int(self.offsets[-1])}, {bin_path} holds {num_tokens} tokens"
+            )
 
     def __len__(self) -> int:
         return self.lengths.shape[0]
@@ -149,7 +175,9 @@ class IndexedDataset:
         return self.tokens.shape[0]
 
 
-def scan_token_ids(dataset: IndexedDataset, *, limit: int, block_tokens: int = 1 << 24) -> tuple[int, int]:
+def scan_token_ids(
+    dataset: IndexedDataset, *, limit: int, block_tokens: int = 1 << 24
+) -> tuple[int, int]:
     """(largest id or -1 when empty, position of the first id >= ``limit`` or -1), in one pass.
 
     Read in blocks with ``readinto``, not through the memory map: a map touched end to end would

@@ -50,9 +50,13 @@ class SplitEntry:
     num_samples: int  # pairs kept
     parts: tuple[PartEntry, ...]
     input_prefix: str | None = None  # where the raw text was read from (informative only)
-    filtered: dict[str, int] = field(default_factory=dict)  # pairs dropped, by reason (dedup: "duplicate")
+    filtered: dict[str, int] = field(
+        default_factory=dict
+    )  # pairs dropped, by reason (dedup: "duplicate")
     replaced_invalid_utf8: int = 0
-    reference: str | None = None  # the raw target text, gzip-compressed, inside the dataset (valid/test)
+    reference: str | None = (
+        None  # the raw target text, gzip-compressed, inside the dataset (valid/test)
+    )
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,9 @@ class Manifest:
     splits: dict[str, SplitEntry]
     checksums: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
-    convention: str = "source = pieces + EOS; target = pieces + EOS; decoder input = BOS + target[:-1]"
+    convention: str = (
+        "source = pieces + EOS; target = pieces + EOS; decoder input = BOS + target[:-1]"
+    )
 
     def path(self, name: str) -> str:
         """A file of the dataset, wherever the directory is now."""
@@ -83,7 +89,9 @@ class Manifest:
 
     def split(self, name: str) -> SplitEntry:
         if name not in self.splits:
-            raise ValueError(f"{self.directory}: no split {name!r} (have: {', '.join(self.splits)})")
+            raise ValueError(
+                f"{self.directory}: no split {name!r} (have: {', '.join(self.splits)})"
+            )
         return self.splits[name]
 
     def to_json(self) -> dict[str, Any]:
@@ -100,11 +108,15 @@ class Manifest:
         }
 
     @classmethod
-    def from_json(cls, values: dict[str, Any], *, directory: str, source: str = MANIFEST_NAME) -> Manifest:
+    def from_json(
+        cls, values: dict[str, Any], *, directory: str, source: str = MANIFEST_NAME
+    ) -> Manifest:
         reader = _Reader(source)
         version = reader.get(values, "manifest_version", int)
         if version not in (1, MANIFEST_VERSION):
-            raise ValueError(f"{source}: manifest version {version}, this nmt reads versions 1 and {MANIFEST_VERSION}")
+            raise ValueError(
+                f"{source}: manifest version {version}, this nmt reads versions 1 and {MANIFEST_VERSION}"
+            )
         spm = reader.get(values, "spm", dict)
         splits = reader.get(values, "splits", dict)
         return cls(
@@ -136,7 +148,10 @@ class Manifest:
 
 def _split_json(entry: SplitEntry) -> dict[str, Any]:
     values = {key: value for key, value in vars(entry).items() if key != "name"}
-    values["parts"] = [{**vars(part), "src": vars(part.src).copy(), "tgt": vars(part.tgt).copy()} for part in entry.parts]
+    values["parts"] = [
+        {**vars(part), "src": vars(part.src).copy(), "tgt": vars(part.tgt).copy()}
+        for part in entry.parts
+    ]
     return values
 
 
@@ -149,10 +164,14 @@ class _Reader:
     def get(self, values: Any, key: str, kind: type, *, where: str = "") -> Any:
         name = f"{where}.{key}" if where else key
         if not isinstance(values, dict) or key not in values:
-            raise ValueError(f"{self.source}: no {name!r} entry (not a complete nmt-preprocess manifest)")
+            raise ValueError(
+                f"{self.source}: no {name!r} entry (not a complete nmt-preprocess manifest)"
+            )
         value = values[key]
         if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"{self.source}: entry {name!r} should be a {kind.__name__}, got {value!r}")
+            raise ValueError(
+                f"{self.source}: entry {name!r} should be a {kind.__name__}, got {value!r}"
+            )
         return value
 
     def side(self, values: Any, where: str) -> SideEntry:
@@ -175,13 +194,20 @@ class _Reader:
 
     def split(self, name: str, values: Any) -> SplitEntry:
         where = f"splits.{name}"
-        if isinstance(values, dict) and "parts" not in values and "src" in values:  # version 1: one part
+        if (
+            isinstance(values, dict) and "parts" not in values and "src" in values
+        ):  # version 1: one part
             parts = (self.part(values, where),)
         else:
-            parts = tuple(self.part(part, f"{where}.parts.{k}") for k, part in enumerate(self.get(values, "parts", list, where=where)))
+            parts = tuple(
+                self.part(part, f"{where}.parts.{k}")
+                for k, part in enumerate(self.get(values, "parts", list, where=where))
+            )
         num_samples = self.get(values, "num_samples", int, where=where)
         if sum(part.num_samples for part in parts) != num_samples:
-            raise ValueError(f"{self.source}: {where}: parts hold {sum(p.num_samples for p in parts)} samples, the split says {num_samples}")
+            raise ValueError(
+                f"{self.source}: {where}: parts hold {sum(p.num_samples for p in parts)} samples, the split says {num_samples}"
+            )
         return SplitEntry(
             name=name,
             role=self.get(values, "role", str, where=where),
@@ -201,7 +227,9 @@ def load_manifest(data_dir: str) -> Manifest:
         with open(path, encoding="utf-8") as handle:
             values = json.load(handle)
     except FileNotFoundError:
-        raise ValueError(f"{path}: no manifest; is {data_dir} a directory written by nmt-preprocess?") from None
+        raise ValueError(
+            f"{path}: no manifest; is {data_dir} a directory written by nmt-preprocess?"
+        ) from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: cannot read manifest: {error}") from None
     return Manifest.from_json(values, directory=data_dir, source=path)

@@ -35,7 +35,11 @@ def positions_from_lengths(lengths: torch.Tensor, *, total: int | None = None) -
 
 
 def unpack(
-    tokens: torch.Tensor, lengths: torch.Tensor, *, max_length: int | None = None, pad_value: float = 0
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    max_length: int | None = None,
+    pad_value: float = 0,
 ) -> torch.Tensor:
     """Packed (N, ...) -> padded (B, T, ...) with T = ``max_length`` or the longest; tokens past
     sum(lengths) (static-shape padding) are ignored."""
@@ -43,12 +47,16 @@ def unpack(
     width = int(lengths.max()) if num_rows else 0
     if max_length is not None:
         if max_length < width:
-            raise ValueError(f"max_length={max_length} is shorter than the longest sample ({width})")
+            raise ValueError(
+                f"max_length={max_length} is shorter than the longest sample ({width})"
+            )
         width = max_length
     num_real = int(lengths.sum())
     rows = torch.repeat_interleave(torch.arange(num_rows), lengths)
     columns = positions_from_lengths(lengths)
-    out = torch.full((num_rows, width, *tokens.shape[1:]), pad_value, dtype=tokens.dtype, device=tokens.device)
+    out = torch.full(
+        (num_rows, width, *tokens.shape[1:]), pad_value, dtype=tokens.dtype, device=tokens.device
+    )
     out[rows.to(tokens.device), columns.to(tokens.device)] = tokens[:num_real]
     return out
 
@@ -102,7 +110,9 @@ def repair_capacity(parts: list[list[int]], lengths: np.ndarray, capacity: int) 
     return True
 
 
-def _move_or_swap(parts: list[list[int]], loads: np.ndarray, lengths: np.ndarray, over: int, capacity: int) -> bool:
+def _move_or_swap(
+    parts: list[list[int]], loads: np.ndarray, lengths: np.ndarray, over: int, capacity: int
+) -> bool:
     others = [q for q in np.argsort(loads, kind="stable").tolist() if q != over]
     for item in sorted(parts[over], key=lambda i: -lengths[i]):
         for q in others:
@@ -115,7 +125,10 @@ def _move_or_swap(parts: list[list[int]], loads: np.ndarray, lengths: np.ndarray
     for item in parts[over]:
         for q in others:
             for other in parts[q]:
-                if lengths[other] < lengths[item] and loads[q] - lengths[other] + lengths[item] <= capacity:
+                if (
+                    lengths[other] < lengths[item]
+                    and loads[q] - lengths[other] + lengths[item] <= capacity
+                ):
                     parts[over][parts[over].index(item)] = other
                     parts[q][parts[q].index(other)] = item
                     delta = lengths[item] - lengths[other]
@@ -147,7 +160,9 @@ def partition_microbatches(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     bad = np.flatnonzero((lengths > max_tokens) | (lengths < 0))
     if bad.size:
-        raise ValueError(f"sample {bad[0]} has {lengths[bad[0]]} tokens; must be in [0, max_tokens={max_tokens}]")
+        raise ValueError(
+            f"sample {bad[0]} has {lengths[bad[0]]} tokens; must be in [0, max_tokens={max_tokens}]"
+        )
     fallback = first_fit_decreasing(lengths, max_tokens)
     count = max(len(fallback), -(-int(lengths.sum()) // max_tokens), min_partitions or 1)
     count = dist.all_reduce_max_int(count)
@@ -161,7 +176,11 @@ def partition_microbatches(
 
 def restore_order(partitions: Sequence[np.ndarray]) -> np.ndarray:
     """Permutation p such that ``concatenated_outputs[p]`` is in the original sample order."""
-    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in partitions]) if partitions else np.zeros(0, np.int64)
+    flat = (
+        np.concatenate([np.asarray(p, dtype=np.int64) for p in partitions])
+        if partitions
+        else np.zeros(0, np.int64)
+    )
     inverse = np.empty_like(flat)
     inverse[flat] = np.arange(flat.shape[0])
     return inverse

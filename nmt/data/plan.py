@@ -48,7 +48,6 @@ from nmt.data.spm import BOS_ID, PAD_ID
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class MicroBatch:
     indices: np.ndarray  # samples of the epoch's dataset (sorted within a split batch)
@@ -91,7 +90,10 @@ def micro_seed(seed: int, epoch: int, batch_key: int, part: int) -> int:
     ``batch_key`` is the batch's first sample index: batches of an epoch are disjoint slices of
     one permutation, so it names the batch whichever rank runs it, at whatever position.
     """
-    return int(np.random.SeedSequence([seed, epoch, batch_key, part]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(
+        np.random.SeedSequence([seed, epoch, batch_key, part]).generate_state(1, dtype=np.uint64)[0]
+        >> 1
+    )
 
 
 def segment_sums(values: np.ndarray, *, group: int) -> np.ndarray:
@@ -103,7 +105,9 @@ def segment_sums(values: np.ndarray, *, group: int) -> np.ndarray:
 
 def truncate(tokens: np.ndarray, limit: int) -> np.ndarray:
     """At most ``limit`` tokens, the final EOS kept."""
-    return tokens if tokens.shape[0] <= limit else np.concatenate([tokens[: limit - 1], tokens[-1:]])
+    return (
+        tokens if tokens.shape[0] <= limit else np.concatenate([tokens[: limit - 1], tokens[-1:]])
+    )
 
 
 def verify_dataset(manifest: Manifest, *, rank: int) -> None:
@@ -139,15 +143,19 @@ class TrainingDataPlan:
         self.rank, self.world_size = rank, world_size
         self.max_positions = max_positions
         self.manifest = load_manifest(cfg.data_dir) if manifest is None else manifest
-        for option, asked, has in (("--source-lang", cfg.source_lang, self.manifest.source_lang),
-                                   ("--target-lang", cfg.target_lang, self.manifest.target_lang)):
+        for option, asked, has in (
+            ("--source-lang", cfg.source_lang, self.manifest.source_lang),
+            ("--target-lang", cfg.target_lang, self.manifest.target_lang),
+        ):
             if asked is not None and asked != has:
                 raise ValueError(
                     f"{option} {asked}: {cfg.data_dir} holds {self.manifest.source_lang}-{self.manifest.target_lang} data"
                 )
         if cfg.verify_data:
             verify_dataset(self.manifest, rank=rank)
-        self.corpora = [ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets]
+        self.corpora = [
+            ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets
+        ]
         self.valid = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
             if cfg.valid_subset in self.manifest.splits
@@ -156,17 +164,28 @@ class TrainingDataPlan:
         self._check_positions()
         self._report_long_valid_pairs()
         # Padded static shapes round every sample up; packed ones round the batch total instead.
-        self.length_multiple = self.batching.length_multiple if static_shapes and not self.batching.packed else 1
+        self.length_multiple = (
+            self.batching.length_multiple if static_shapes and not self.batching.packed else 1
+        )
         self.static = (
             StaticShapes.for_data(
-                self.longest, max_tokens=self.batching.max_tokens, length_multiple=self.batching.length_multiple,
-                max_sentences=self.batching.max_sentences, packed=self.batching.packed,
+                self.longest,
+                max_tokens=self.batching.max_tokens,
+                length_multiple=self.batching.length_multiple,
+                max_sentences=self.batching.max_sentences,
+                packed=self.batching.packed,
             )
             if static_shapes
             else None
         )
         self.difficulty = corpus_difficulty(
-            cfg, self.corpora, self.manifest, scorer=scorer, rank=rank, world_size=world_size, cache_dir=cache_dir
+            cfg,
+            self.corpora,
+            self.manifest,
+            scorer=scorer,
+            rank=rank,
+            world_size=world_size,
+            cache_dir=cache_dir,
         )
         self.blend = self._make_blend(cache_dir)
         # The position: what a checkpoint saves.
@@ -182,14 +201,22 @@ class TrainingDataPlan:
 
     @property
     def longest(self) -> int:
-        return max(int(max(np.max(c.src_lengths, initial=1), np.max(c.tgt_lengths, initial=1))) for c in self.corpora)
+        return max(
+            int(max(np.max(c.src_lengths, initial=1), np.max(c.tgt_lengths, initial=1)))
+            for c in self.corpora
+        )
 
     def _check_positions(self) -> None:
         """A training sample longer than the model's positions would fail mid-epoch: say it now."""
         if self.max_positions is None:
             return
-        for side, option, limit in (("src", "--max-source-positions", self.max_positions[0]), ("tgt", "--max-target-positions", self.max_positions[1])):
-            longest = max(int(np.max(getattr(c, f"{side}_lengths"), initial=0)) for c in self.corpora)
+        for side, option, limit in (
+            ("src", "--max-source-positions", self.max_positions[0]),
+            ("tgt", "--max-target-positions", self.max_positions[1]),
+        ):
+            longest = max(
+                int(np.max(getattr(c, f"{side}_lengths"), initial=0)) for c in self.corpora
+            )
             if longest > limit:
                 raise ValueError(
                     f"{option} {limit}: the training data has samples of {longest} tokens; "
@@ -208,9 +235,14 @@ class TrainingDataPlan:
         else:
             weights = [float(size) for size in sizes]
         return BlendedEpochs(
-            sizes, weights, cfg.epoch_samples or sum(sizes), seed=self.seed,
+            sizes,
+            weights,
+            cfg.epoch_samples or sum(sizes),
+            seed=self.seed,
             cache_dir=None if cache_dir is None else os.path.join(cache_dir, "blend-cache"),
-            rank=self.rank, world_size=self.world_size, barrier=dist.barrier,
+            rank=self.rank,
+            world_size=self.world_size,
+            barrier=dist.barrier,
         )
 
     # ----------------------------------------------------------------------------- one epoch
@@ -224,14 +256,23 @@ class TrainingDataPlan:
         src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
         per_update = self.world_size * self.batching.update_freq
         batches = global_batches(
-            src, tgt, self.batching, seed=self.seed, epoch=self.epoch, difficulty=difficulty,
-            start_update=self.epoch_start_update, batches_per_update=per_update, length_multiple=self.length_multiple,
+            src,
+            tgt,
+            self.batching,
+            seed=self.seed,
+            epoch=self.epoch,
+            difficulty=difficulty,
+            start_update=self.epoch_start_update,
+            batches_per_update=per_update,
+            length_multiple=self.length_multiple,
         )
         tgt_per_batch = batch_tokens(batches, tgt.astype(np.int64))
         return EpochBatches(
             dataset=dataset,
             difficulty=difficulty,
-            rank_batches=shard(batches, num_replicas=self.world_size, rank=self.rank, sample_tokens=src + tgt),
+            rank_batches=shard(
+                batches, num_replicas=self.world_size, rank=self.rank, sample_tokens=src + tgt
+            ),
             update_tokens=segment_sums(tgt_per_batch, group=per_update),
             update_sentences=segment_sums(batches.sizes, group=per_update),
         )
@@ -250,7 +291,10 @@ class TrainingDataPlan:
         if isinstance(epoch.dataset, BlendedCorpus):
             samples, tokens = epoch.dataset.per_corpus_counts()
             for name, num_samples, num_tokens in zip(self.cfg.train_subsets, samples, tokens):
-                counts[f"{name}_samples"], counts[f"{name}_tokens"] = int(num_samples), int(num_tokens)
+                counts[f"{name}_samples"], counts[f"{name}_tokens"] = (
+                    int(num_samples),
+                    int(num_tokens),
+                )
         return EpochInfo(self.epoch, epoch.num_updates, self.updates_done, counts)
 
     def updates(self) -> Iterator[Update]:
@@ -268,13 +312,17 @@ class TrainingDataPlan:
             yield Update(micro, int(epoch.update_tokens[k]), int(epoch.update_sentences[k]))
 
     def end_epoch(self) -> None:
-        assert self._current is not None and self.updates_done == self._current.num_updates, "epoch not finished"
+        assert self._current is not None and self.updates_done == self._current.num_updates, (
+            "epoch not finished"
+        )
         self.epoch_start_update += self._current.num_updates
         self.epoch += 1
         self.updates_done = 0
         self._current = None
 
-    def _collated(self, epoch: EpochBatches, *, start: int) -> Iterator[dict[str, torch.Tensor] | None]:
+    def _collated(
+        self, epoch: EpochBatches, *, start: int
+    ) -> Iterator[dict[str, torch.Tensor] | None]:
         """This rank's batches from ``start`` on, collated ahead by --num-workers processes (or here).
 
         With --max-tokens-per-microbatch the parts are collated in ``micro_batches`` instead (their
@@ -288,16 +336,25 @@ class TrainingDataPlan:
             return map(make, remaining)
         return iter(
             torch.utils.data.DataLoader(
-                _Batches(remaining, make), batch_size=None, num_workers=self.cfg.num_workers, prefetch_factor=4
+                _Batches(remaining, make),
+                batch_size=None,
+                num_workers=self.cfg.num_workers,
+                prefetch_factor=4,
             )
         )
 
-    def micro_batches(self, indices: np.ndarray, *, ready: dict[str, torch.Tensor] | None = None) -> list[MicroBatch]:
+    def micro_batches(
+        self, indices: np.ndarray, *, ready: dict[str, torch.Tensor] | None = None
+    ) -> list[MicroBatch]:
         """One batch of the current epoch's dataset as micro-batches (split under
         --max-tokens-per-microbatch); ``ready``: the batch already collated (unsplit)."""
         dataset = self.current.dataset
         key = int(indices[0]) if indices.size else 0  # a dummy's seed is moot: zero weight
-        parts = [indices] if self.batching.max_tokens_per_microbatch is None else self._split(dataset, indices)
+        parts = (
+            [indices]
+            if self.batching.max_tokens_per_microbatch is None
+            else self._split(dataset, indices)
+        )
         make = _BatchMaker(dataset, self)
         return [
             MicroBatch(
@@ -309,12 +366,17 @@ class TrainingDataPlan:
             for part_index, part in enumerate(parts)
         ]
 
-    def _split(self, dataset: ParallelCorpus | BlendedCorpus, indices: np.ndarray) -> list[np.ndarray]:
+    def _split(
+        self, dataset: ParallelCorpus | BlendedCorpus, indices: np.ndarray
+    ) -> list[np.ndarray]:
         """--max-tokens-per-microbatch: balanced parts under the cap; every rank makes as many
         (called for dummy batches too: the count is agreed by a collective inside)."""
         src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
         lengths = np.maximum(src[indices], tgt[indices]).astype(np.int64)
-        return [indices[p] for p in partition_microbatches(lengths, self.batching.max_tokens_per_microbatch)]
+        return [
+            indices[p]
+            for p in partition_microbatches(lengths, self.batching.max_tokens_per_microbatch)
+        ]
 
     # ----------------------------------------------------------------------------- validation
     def valid_batches(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -326,10 +388,13 @@ class TrainingDataPlan:
         limits = self._valid_limits()
         src = np.minimum(self.valid.src_lengths, limits[0])
         tgt = np.minimum(self.valid.tgt_lengths, limits[1])
-        cfg = dataclasses.replace(self.batching, batch_noise=0.0, competence_updates=0, curriculum_epochs=0)
+        cfg = dataclasses.replace(
+            self.batching, batch_noise=0.0, competence_updates=0, curriculum_epochs=0
+        )
         batches = shard(
             global_batches(src, tgt, cfg, seed=0, epoch=0, shuffle=False),
-            num_replicas=self.world_size, rank=self.rank,
+            num_replicas=self.world_size,
+            rank=self.rank,
         )
         for i in range(len(batches)):
             indices = batches[i]
@@ -337,7 +402,9 @@ class TrainingDataPlan:
                 samples = [self.valid[int(j)] for j in indices]
                 yield collate(
                     [(truncate(s, limits[0]), truncate(t, limits[1])) for s, t in samples],
-                    pad_id=PAD_ID, bos_id=BOS_ID, layout=self.batching.layout,
+                    pad_id=PAD_ID,
+                    bos_id=BOS_ID,
+                    layout=self.batching.layout,
                 )
 
     def _valid_limits(self) -> tuple[int, int]:
@@ -349,17 +416,26 @@ class TrainingDataPlan:
         if self.valid is None:
             return
         src_limit, tgt_limit = self._valid_limits()
-        too_long = int(((self.valid.src_lengths > src_limit) | (self.valid.tgt_lengths > tgt_limit)).sum())
+        too_long = int(
+            ((self.valid.src_lengths > src_limit) | (self.valid.tgt_lengths > tgt_limit)).sum()
+        )
         if too_long:
             logger.warning(
                 "%d of %d validation pairs are longer than the model's positions or --max-tokens "
                 "(source %d, target %d tokens): they are truncated for validation",
-                too_long, len(self.valid), src_limit, tgt_limit,
+                too_long,
+                len(self.valid),
+                src_limit,
+                tgt_limit,
             )
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "epoch_start_update": self.epoch_start_update, "updates_done": self.updates_done}
+        return {
+            "epoch": self.epoch,
+            "epoch_start_update": self.epoch_start_update,
+            "updates_done": self.updates_done,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])

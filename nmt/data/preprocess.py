@@ -39,9 +39,25 @@ from tqdm import tqdm
 from nmt.config import PreprocessConfig, to_dict
 from nmt.data.dedup import HashSet64
 from nmt.data.indexed import IndexedWriter
-from nmt.data.manifest import MANIFEST_NAME, Manifest, PartEntry, SideEntry, SplitEntry, SpmEntry, load_manifest, sha256_files
+from nmt.data.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    PartEntry,
+    SideEntry,
+    SplitEntry,
+    SpmEntry,
+    load_manifest,
+    sha256_files,
+)
 from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype, train_model
-from nmt.data.text import DataError, count_lines, decode_lines, iter_parallel_chunks, line_count_mismatch, resolve_text_file
+from nmt.data.text import (
+    DataError,
+    count_lines,
+    decode_lines,
+    iter_parallel_chunks,
+    line_count_mismatch,
+    resolve_text_file,
+)
 from nmt.fileio import (
     check_destination,
     describe_os_error,
@@ -140,15 +156,29 @@ def _model(path: str) -> SentencePieceModel:
 
 def pair_hashes(src_lines: list[bytes], tgt_lines: list[bytes]) -> np.ndarray:
     """64-bit hash of each raw pair (lines never contain "\\n", so it separates the sides unambiguously)."""
-    digests = b"".join(hashlib.blake2b(s + b"\n" + t, digest_size=8).digest() for s, t in zip(src_lines, tgt_lines))
+    digests = b"".join(
+        hashlib.blake2b(s + b"\n" + t, digest_size=8).digest() for s, t in zip(src_lines, tgt_lines)
+    )
     return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
-def encode_chunk(options: EncodeOptions, first_line: int, src_lines: list[bytes], tgt_lines: list[bytes]) -> EncodedChunk:
+def encode_chunk(
+    options: EncodeOptions, first_line: int, src_lines: list[bytes], tgt_lines: list[bytes]
+) -> EncodedChunk:
     """Decode, encode and (training splits) filter one chunk of aligned lines."""
     num_lines = len(src_lines)
-    src = decode_lines(src_lines, path=options.src_path, replace_invalid=options.skip_invalid, first_line=first_line)
-    tgt = decode_lines(tgt_lines, path=options.tgt_path, replace_invalid=options.skip_invalid, first_line=first_line)
+    src = decode_lines(
+        src_lines,
+        path=options.src_path,
+        replace_invalid=options.skip_invalid,
+        first_line=first_line,
+    )
+    tgt = decode_lines(
+        tgt_lines,
+        path=options.tgt_path,
+        replace_invalid=options.skip_invalid,
+        first_line=first_line,
+    )
     invalid = np.zeros(num_lines, dtype=bool)
     invalid[src.invalid] = True
     invalid[tgt.invalid] = True
@@ -161,18 +191,34 @@ def encode_chunk(options: EncodeOptions, first_line: int, src_lines: list[bytes]
     filtered = np.zeros(len(FILTER_REASONS), dtype=np.int64)
     if options.role != "train":  # valid and test keep every line, repaired if need be
         return EncodedChunk(
-            first_line=first_line, num_lines=num_lines, src_tokens=src_tokens, src_lengths=src_lengths, tgt_tokens=tgt_tokens,
-            tgt_lengths=tgt_lengths, line_numbers=np.arange(first_line, first_line + num_lines, dtype=np.int64),
-            filtered=filtered, replaced_invalid=int(invalid.sum()), pair_hashes=None,
+            first_line=first_line,
+            num_lines=num_lines,
+            src_tokens=src_tokens,
+            src_lengths=src_lengths,
+            tgt_tokens=tgt_tokens,
+            tgt_lengths=tgt_lengths,
+            line_numbers=np.arange(first_line, first_line + num_lines, dtype=np.int64),
+            filtered=filtered,
+            replaced_invalid=int(invalid.sum()),
+            pair_hashes=None,
             reference="".join(line + "\n" for line in tgt.lines).encode("utf-8"),
         )
     codes = filter_codes(
-        src_lengths, tgt_lengths, invalid, min_len=options.min_len, max_len=options.max_len, max_len_ratio=options.max_len_ratio
+        src_lengths,
+        tgt_lengths,
+        invalid,
+        min_len=options.min_len,
+        max_len=options.max_len,
+        max_len_ratio=options.max_len_ratio,
     )
     filtered += np.bincount(codes[codes != KEEP], minlength=len(FILTER_REASONS))
     keep = codes == KEEP
     kept = np.flatnonzero(keep)
-    hashes = pair_hashes([src_lines[i] for i in kept], [tgt_lines[i] for i in kept]) if options.dedup else None
+    hashes = (
+        pair_hashes([src_lines[i] for i in kept], [tgt_lines[i] for i in kept])
+        if options.dedup
+        else None
+    )
     return EncodedChunk(
         first_line=first_line,
         num_lines=num_lines,
@@ -207,19 +253,25 @@ class EncodePool:
         self._executor: concurrent.futures.Executor
         if kind == "processes" and workers > 1:
             # Forked now (the first task forks them all), before this process has any other thread or a lock file open.
-            self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("fork")
+            )
             self._executor.submit(os.getpid).result()
             self._slots, self._threads_per_chunk = workers, 1
         else:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="encode")
             self._slots, self._threads_per_chunk = 1, workers if kind == "threads" else 1
 
-    def map(self, options: EncodeOptions, chunks: Iterable[tuple[int, list[bytes], list[bytes]]]) -> Iterator[EncodedChunk]:
+    def map(
+        self, options: EncodeOptions, chunks: Iterable[tuple[int, list[bytes], list[bytes]]]
+    ) -> Iterator[EncodedChunk]:
         options = EncodeOptions(**{**vars(options), "num_threads": self._threads_per_chunk})
         pending: collections.deque[concurrent.futures.Future[EncodedChunk]] = collections.deque()
         try:
             for first_line, src_lines, tgt_lines in chunks:
-                pending.append(self._executor.submit(encode_chunk, options, first_line, src_lines, tgt_lines))
+                pending.append(
+                    self._executor.submit(encode_chunk, options, first_line, src_lines, tgt_lines)
+                )
                 if len(pending) >= 2 * self._slots:
                     yield pending.popleft().result()
             while pending:
@@ -256,7 +308,9 @@ class Reservoir:
         self.positions.extend(range(self.seen, self.seen + fill))
         if fill < len(items):
             positions = np.arange(self.seen + fill, self.seen + len(items), dtype=np.int64)
-            slots = self.rng.integers(0, positions + 1)  # item at position p replaces slot j < size with prob size/(p+1)
+            slots = self.rng.integers(
+                0, positions + 1
+            )  # item at position p replaces slot j < size with prob size/(p+1)
             for index in np.flatnonzero(slots < self.size):
                 slot = int(slots[index])
                 self.items[slot] = items[fill + int(index)]
@@ -282,32 +336,65 @@ def split_names(role: str, prefixes: list[str]) -> list[str]:
     return [role if k == 0 else f"{role}{k}" for k in range(len(prefixes))]
 
 
-def make_plans(cfg: PreprocessConfig, *, roles: tuple[str, ...] = ("train", "valid", "test")) -> list[SplitPlan]:
+def make_plans(
+    cfg: PreprocessConfig, *, roles: tuple[str, ...] = ("train", "valid", "test")
+) -> list[SplitPlan]:
     """Every input file resolved before anything is read or written (a missing file fails first)."""
     plans = []
-    for role, prefixes in (("train", cfg.trainpref), ("valid", cfg.validpref), ("test", cfg.testpref)):
+    for role, prefixes in (
+        ("train", cfg.trainpref),
+        ("valid", cfg.validpref),
+        ("test", cfg.testpref),
+    ):
         for name, prefix in zip(split_names(role, prefixes), prefixes):
-            src_path, tgt_path = resolve_text_file(prefix, cfg.source_lang), resolve_text_file(prefix, cfg.target_lang)
+            src_path, tgt_path = (
+                resolve_text_file(prefix, cfg.source_lang),
+                resolve_text_file(prefix, cfg.target_lang),
+            )
             if role in roles:
-                plans.append(SplitPlan(name=name, role=role, prefix=prefix, src_path=src_path, tgt_path=tgt_path))
+                plans.append(
+                    SplitPlan(
+                        name=name, role=role, prefix=prefix, src_path=src_path, tgt_path=tgt_path
+                    )
+                )
     return plans
 
 
-def sample_training_text(cfg: PreprocessConfig, plans: list[SplitPlan]) -> tuple[list[str], list[str] | None]:
+def sample_training_text(
+    cfg: PreprocessConfig, plans: list[SplitPlan]
+) -> tuple[list[str], list[str] | None]:
     """Reservoir samples of the training sentences in one streaming pass over every training corpus:
     one joint sample of both sides, or (``--separate-vocab``) one per side. Blank lines and pairs
     with invalid UTF-8 (under ``--skip-invalid``) are left out; without it, invalid UTF-8 fails here."""
-    reservoirs = [Reservoir(cfg.spm_sample_size, seed=[cfg.seed, side]) for side in range(2 if cfg.separate_vocab else 1)]
-    with tqdm(unit="pairs", desc="sample for SentencePiece", dynamic_ncols=True, mininterval=1.0) as progress:
+    reservoirs = [
+        Reservoir(cfg.spm_sample_size, seed=[cfg.seed, side])
+        for side in range(2 if cfg.separate_vocab else 1)
+    ]
+    with tqdm(
+        unit="pairs", desc="sample for SentencePiece", dynamic_ncols=True, mininterval=1.0
+    ) as progress:
         for plan in plans:
             if plan.role != "train":
                 continue
-            for first_line, src_raw, tgt_raw in iter_parallel_chunks(plan.src_path, plan.tgt_path, chunk_lines=CHUNK_LINES):
-                src = decode_lines(src_raw, path=plan.src_path, replace_invalid=cfg.skip_invalid, first_line=first_line)
-                tgt = decode_lines(tgt_raw, path=plan.tgt_path, replace_invalid=cfg.skip_invalid, first_line=first_line)
+            for first_line, src_raw, tgt_raw in iter_parallel_chunks(
+                plan.src_path, plan.tgt_path, chunk_lines=CHUNK_LINES
+            ):
+                src = decode_lines(
+                    src_raw,
+                    path=plan.src_path,
+                    replace_invalid=cfg.skip_invalid,
+                    first_line=first_line,
+                )
+                tgt = decode_lines(
+                    tgt_raw,
+                    path=plan.tgt_path,
+                    replace_invalid=cfg.skip_invalid,
+                    first_line=first_line,
+                )
                 invalid = set(src.invalid) | set(tgt.invalid)
                 sides = [
-                    [line for i, line in enumerate(lines) if line.strip() and i not in invalid] for lines in (src.lines, tgt.lines)
+                    [line for i, line in enumerate(lines) if line.strip() and i not in invalid]
+                    for lines in (src.lines, tgt.lines)
                 ]
                 if cfg.separate_vocab:
                     reservoirs[0].offer(sides[0])
@@ -333,7 +420,9 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
     different pieces for different thread counts, and the dataset must not depend on --workers.
     """
     joint, target = sample_training_text(cfg, plans)
-    labelled = [(joint, f"{cfg.source_lang}+{cfg.target_lang}" if target is None else cfg.source_lang)]
+    labelled = [
+        (joint, f"{cfg.source_lang}+{cfg.target_lang}" if target is None else cfg.source_lang)
+    ]
     if target is not None:
         labelled.append((target, cfg.target_lang))
     protos = []
@@ -344,7 +433,9 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
             raise DataError(f"no non-empty training sentences to train SentencePiece on ({label})")
         started = time.perf_counter()
         proto = train_model(
-            _drain(sample),  # SentencePiece copies each sentence: ours go as it takes them, not at the end
+            _drain(
+                sample
+            ),  # SentencePiece copies each sentence: ours go as it takes them, not at the end
             vocab_size=cfg.spm_vocab_size,
             model_type=cfg.spm_model_type,
             character_coverage=cfg.spm_character_coverage,
@@ -353,7 +444,11 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
         )
         logger.info(
             "trained SentencePiece %s (%s, vocab %d) on %d sampled sentences in %.1fs",
-            label, cfg.spm_model_type, SentencePieceModel(proto).vocab_size, num_sentences, time.perf_counter() - started,
+            label,
+            cfg.spm_model_type,
+            SentencePieceModel(proto).vocab_size,
+            num_sentences,
+            time.perf_counter() - started,
         )
         protos.append(proto)
     return protos
@@ -408,23 +503,43 @@ def reference_name(split: str, lang: str) -> str:
 class SplitWriter:
     """Appends encoded chunks of one split to its files, in order, and keeps its statistics."""
 
-    def __init__(self, plan: SplitPlan, *, cfg: PreprocessConfig, workdir: str, dtypes: tuple[np.dtype, np.dtype]) -> None:
+    def __init__(
+        self,
+        plan: SplitPlan,
+        *,
+        cfg: PreprocessConfig,
+        workdir: str,
+        dtypes: tuple[np.dtype, np.dtype],
+    ) -> None:
         self.plan = plan
         self.workdir = workdir
-        self.stats = SplitStats(name=plan.name, role=plan.role, filtered={reason: 0 for reason in FILTER_REASONS})
+        self.stats = SplitStats(
+            name=plan.name, role=plan.role, filtered={reason: 0 for reason in FILTER_REASONS}
+        )
         if plan.role == "train" and cfg.dedup:
             self.stats.filtered[DUPLICATE] = 0
         self.first_line: int | None = None
         self.prefixes = (f"{plan.name}.{cfg.source_lang}", f"{plan.name}.{cfg.target_lang}")
-        self.writers = [IndexedWriter(os.path.join(workdir, prefix), dtype=dtype) for prefix, dtype in zip(self.prefixes, dtypes)]
+        self.writers = [
+            IndexedWriter(os.path.join(workdir, prefix), dtype=dtype)
+            for prefix, dtype in zip(self.prefixes, dtypes)
+        ]
         self.line_numbers_file = f"{plan.name}.line_numbers.npy" if plan.role == "train" else None
-        self.line_numbers = _LineNumbersWriter(os.path.join(workdir, self.line_numbers_file)) if self.line_numbers_file else None
-        self.reference_file = None if plan.role == "train" else reference_name(plan.name, cfg.target_lang)
+        self.line_numbers = (
+            _LineNumbersWriter(os.path.join(workdir, self.line_numbers_file))
+            if self.line_numbers_file
+            else None
+        )
+        self.reference_file = (
+            None if plan.role == "train" else reference_name(plan.name, cfg.target_lang)
+        )
         self.reference = None
         if self.reference_file:
             # mtime 0 and no file name in the header: the same text always gives the same bytes
             self._reference_raw = open_for_writing(os.path.join(workdir, self.reference_file))
-            self.reference = gzip.GzipFile(filename="", mode="wb", fileobj=self._reference_raw, mtime=0)
+            self.reference = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self._reference_raw, mtime=0
+            )
         self.seen: HashSet64 | None = HashSet64() if plan.role == "train" and cfg.dedup else None
 
     def append(self, chunk: EncodedChunk) -> None:
@@ -435,14 +550,26 @@ class SplitWriter:
         for reason, count in zip(FILTER_REASONS, chunk.filtered.tolist()):
             stats.filtered[reason] += count
         stats.replaced_invalid_utf8 += chunk.replaced_invalid
-        src_tokens, src_lengths, tgt_tokens, tgt_lengths = chunk.src_tokens, chunk.src_lengths, chunk.tgt_tokens, chunk.tgt_lengths
+        src_tokens, src_lengths, tgt_tokens, tgt_lengths = (
+            chunk.src_tokens,
+            chunk.src_lengths,
+            chunk.tgt_tokens,
+            chunk.tgt_lengths,
+        )
         line_numbers = chunk.line_numbers
         if self.seen is not None:
             assert chunk.pair_hashes is not None
             new = self.seen.add(chunk.pair_hashes)
             stats.filtered[DUPLICATE] += int((~new).sum())
-            src_tokens, tgt_tokens = src_tokens[np.repeat(new, src_lengths)], tgt_tokens[np.repeat(new, tgt_lengths)]
-            src_lengths, tgt_lengths, line_numbers = src_lengths[new], tgt_lengths[new], line_numbers[new]
+            src_tokens, tgt_tokens = (
+                src_tokens[np.repeat(new, src_lengths)],
+                tgt_tokens[np.repeat(new, tgt_lengths)],
+            )
+            src_lengths, tgt_lengths, line_numbers = (
+                src_lengths[new],
+                tgt_lengths[new],
+                line_numbers[new],
+            )
         self.writers[0].add_many(src_tokens, src_lengths)
         self.writers[1].add_many(tgt_tokens, tgt_lengths)
         stats.src_unk += int(np.count_nonzero(src_tokens == UNK_ID))
@@ -462,7 +589,12 @@ class SplitWriter:
         for writer, prefix in zip(self.writers, self.prefixes):
             writer.finish()
             sides.append(
-                SideEntry(prefix=prefix, num_tokens=writer.num_tokens, token_dtype=str(writer.dtype), max_token_id=writer.max_token_id)
+                SideEntry(
+                    prefix=prefix,
+                    num_tokens=writer.num_tokens,
+                    token_dtype=str(writer.dtype),
+                    max_token_id=writer.max_token_id,
+                )
             )
         self.stats.src_tokens, self.stats.tgt_tokens = sides[0].num_tokens, sides[1].num_tokens
         if self.line_numbers is not None:
@@ -474,13 +606,23 @@ class SplitWriter:
             except OSError as error:
                 raise describe_os_error(error, self._reference_raw.name) from None
         part = PartEntry(
-            src=sides[0], tgt=sides[1], num_lines=self.stats.num_lines, num_samples=self.stats.num_samples,
-            first_line=self.first_line or 0, line_numbers=self.line_numbers_file,
+            src=sides[0],
+            tgt=sides[1],
+            num_lines=self.stats.num_lines,
+            num_samples=self.stats.num_samples,
+            first_line=self.first_line or 0,
+            line_numbers=self.line_numbers_file,
         )
         return SplitEntry(
-            name=self.plan.name, role=self.plan.role, num_lines=self.stats.num_lines, num_samples=self.stats.num_samples,
-            parts=(part,), input_prefix=input_prefix, filtered=dict(self.stats.filtered) if self.plan.role == "train" else {},
-            replaced_invalid_utf8=self.stats.replaced_invalid_utf8, reference=self.reference_file,
+            name=self.plan.name,
+            role=self.plan.role,
+            num_lines=self.stats.num_lines,
+            num_samples=self.stats.num_samples,
+            parts=(part,),
+            input_prefix=input_prefix,
+            filtered=dict(self.stats.filtered) if self.plan.role == "train" else {},
+            replaced_invalid_utf8=self.stats.replaced_invalid_utf8,
+            reference=self.reference_file,
         )
 
 
@@ -497,7 +639,9 @@ def write_split(
 ) -> tuple[SplitEntry, SplitStats]:
     writer = SplitWriter(plan, cfg=cfg, workdir=workdir, dtypes=dtypes)
     start, stop = line_range
-    chunks = iter_parallel_chunks(plan.src_path, plan.tgt_path, chunk_lines=CHUNK_LINES, start=start, stop=stop)
+    chunks = iter_parallel_chunks(
+        plan.src_path, plan.tgt_path, chunk_lines=CHUNK_LINES, start=start, stop=stop
+    )
     for encoded in pool.map(options, chunks):
         writer.append(encoded)
         progress.update(encoded.num_lines)
@@ -527,8 +671,12 @@ def shard_of(cfg: PreprocessConfig) -> Shard:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         rank = int(os.environ.get("RANK", "0"))
-        if cfg.num_shards not in (1, world_size) or (cfg.num_shards == world_size and cfg.shard_id != rank):
-            raise ValueError(f"--num-shards/--shard-id: under torchrun each of the {world_size} ranks is one shard; leave them out")
+        if cfg.num_shards not in (1, world_size) or (
+            cfg.num_shards == world_size and cfg.shard_id != rank
+        ):
+            raise ValueError(
+                f"--num-shards/--shard-id: under torchrun each of the {world_size} ranks is one shard; leave them out"
+            )
         return Shard(index=rank, count=world_size, torchrun=True)
     return Shard(index=cfg.shard_id, count=cfg.num_shards)
 
@@ -554,7 +702,9 @@ def _make_workdir(destdir: str) -> str:
 
 
 def _spm_files(cfg: PreprocessConfig, joint: bool) -> list[str]:
-    return ["spm.model"] if joint else [f"spm.{cfg.source_lang}.model", f"spm.{cfg.target_lang}.model"]
+    return (
+        ["spm.model"] if joint else [f"spm.{cfg.source_lang}.model", f"spm.{cfg.target_lang}.model"]
+    )
 
 
 def _vocabulary(cfg: PreprocessConfig, shard: Shard, plans: list[SplitPlan]) -> list[bytes]:
@@ -580,15 +730,23 @@ def _shard_range(plan: SplitPlan, shard: Shard) -> tuple[int, int | None]:
     return shard.index * src_lines // shard.count, (shard.index + 1) * src_lines // shard.count
 
 
-def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: EncodePool) -> tuple[Manifest, list[SplitStats]]:
+def build_dataset(
+    cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: EncodePool
+) -> tuple[Manifest, list[SplitStats]]:
     """One complete dataset (or one shard's part) at ``destdir``; the caller holds its lock."""
     _check_destdir(destdir, overwrite=cfg.overwrite)
     plans = make_plans(cfg, roles=("train", "valid", "test") if shard.index == 0 else ("train",))
-    line_ranges = {plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None) for plan in plans}
+    line_ranges = {
+        plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None)
+        for plan in plans
+    }
     workdir = _make_workdir(destdir)  # first: an unwritable --destdir fails before hours of work
     try:
         protos = _vocabulary(cfg, shard, plans)
-        models = [SentencePieceModel(proto, name=cfg.spm_model or "trained SentencePiece model") for proto in protos]
+        models = [
+            SentencePieceModel(proto, name=cfg.spm_model or "trained SentencePiece model")
+            for proto in protos
+        ]
         joint = len(models) == 1
         spm_files = _spm_files(cfg, joint)
         for name, model in zip(spm_files, models):
@@ -602,24 +760,47 @@ def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: En
         started = time.perf_counter()
         known = [stop - start for start, stop in line_ranges.values() if stop is not None]
         with tqdm(
-            total=sum(known) if len(known) == len(plans) else None, unit="pairs", desc="encode", dynamic_ncols=True, mininterval=1.0
+            total=sum(known) if len(known) == len(plans) else None,
+            unit="pairs",
+            desc="encode",
+            dynamic_ncols=True,
+            mininterval=1.0,
         ) as progress:
             for plan in plans:
                 options = EncodeOptions(
-                    role=plan.role, src_path=plan.src_path, tgt_path=plan.tgt_path,
-                    src_model=os.path.join(workdir, spm_files[0]), tgt_model=os.path.join(workdir, spm_files[-1]),
-                    src_dtype=dtypes[0].str, tgt_dtype=dtypes[1].str, skip_invalid=cfg.skip_invalid, min_len=cfg.min_len,
-                    max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio, dedup=cfg.dedup,
+                    role=plan.role,
+                    src_path=plan.src_path,
+                    tgt_path=plan.tgt_path,
+                    src_model=os.path.join(workdir, spm_files[0]),
+                    tgt_model=os.path.join(workdir, spm_files[-1]),
+                    src_dtype=dtypes[0].str,
+                    tgt_dtype=dtypes[1].str,
+                    skip_invalid=cfg.skip_invalid,
+                    min_len=cfg.min_len,
+                    max_len=cfg.max_len,
+                    max_len_ratio=cfg.max_len_ratio,
+                    dedup=cfg.dedup,
                 )
                 entry, stats = write_split(
-                    plan, cfg=cfg, options=options, pool=pool, workdir=workdir, dtypes=dtypes,
-                    line_range=line_ranges[plan.name], progress=progress,
+                    plan,
+                    cfg=cfg,
+                    options=options,
+                    pool=pool,
+                    workdir=workdir,
+                    dtypes=dtypes,
+                    line_range=line_ranges[plan.name],
+                    progress=progress,
                 )
                 splits[plan.name] = entry
                 all_stats.append(stats)
         elapsed = time.perf_counter() - started
         num_pairs = sum(s.num_lines for s in all_stats)
-        logger.info("encoded %d pairs in %.2fs (%.0f pairs/s)", num_pairs, elapsed, num_pairs / max(elapsed, 1e-9))
+        logger.info(
+            "encoded %d pairs in %.2fs (%.0f pairs/s)",
+            num_pairs,
+            elapsed,
+            num_pairs / max(elapsed, 1e-9),
+        )
 
         for stats in all_stats:
             if stats.role == "train" and stats.num_samples == 0:
@@ -635,8 +816,12 @@ def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: En
             target_lang=cfg.target_lang,
             special_ids=dict(SPECIAL_IDS),
             spm=SpmEntry(
-                joint=joint, src_model=spm_files[0], tgt_model=spm_files[-1], src_vocab_size=src_model.vocab_size,
-                tgt_vocab_size=tgt_model.vocab_size, given_model=cfg.spm_model,
+                joint=joint,
+                src_model=spm_files[0],
+                tgt_model=spm_files[-1],
+                src_vocab_size=src_model.vocab_size,
+                tgt_vocab_size=tgt_model.vocab_size,
+                given_model=cfg.spm_model,
             ),
             splits=splits,
             checksums=sha256_files(workdir, sorted(os.listdir(workdir))),
@@ -644,7 +829,9 @@ def build_dataset(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: En
         )
         # The manifest goes last: a directory with a manifest is a complete one.
         manifest.write(workdir)
-        install_directory(workdir, destdir, replace=cfg.overwrite, option="--destdir", replace_flag="--overwrite")
+        install_directory(
+            workdir, destdir, replace=cfg.overwrite, option="--destdir", replace_flag="--overwrite"
+        )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -669,7 +856,9 @@ def preprocess(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
         pool.close()
 
 
-def _preprocess_shard(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: EncodePool) -> tuple[Manifest, list[SplitStats]]:
+def _preprocess_shard(
+    cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: EncodePool
+) -> tuple[Manifest, list[SplitStats]]:
     from nmt import dist
 
     if shard.torchrun:
@@ -685,10 +874,16 @@ def _preprocess_shard(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool
             with _finalize_lock(destdir):
                 if os.path.exists(os.path.join(destdir, MANIFEST_NAME)):
                     if not cfg.overwrite:
-                        raise DataError(f"{destdir}: holds a complete dataset; pass --overwrite to replace its part {shard.index} (--destdir)")
-                    os.remove(os.path.join(destdir, MANIFEST_NAME))  # it no longer describes the parts
+                        raise DataError(
+                            f"{destdir}: holds a complete dataset; pass --overwrite to replace its part {shard.index} (--destdir)"
+                        )
+                    os.remove(
+                        os.path.join(destdir, MANIFEST_NAME)
+                    )  # it no longer describes the parts
             part_dir = os.path.join(destdir, shard.name)
-            with exclusive_lock(lock_path_beside(part_dir), what=f"{what} (part {shard.index} of {shard.count})"):
+            with exclusive_lock(
+                lock_path_beside(part_dir), what=f"{what} (part {shard.index} of {shard.count})"
+            ):
                 manifest, stats = build_dataset(cfg, part_dir, shard=shard, pool=pool)
             if shard.torchrun:
                 dist.barrier()
@@ -703,7 +898,9 @@ def _preprocess_shard(cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool
 
 @contextlib.contextmanager
 def _finalize_lock(destdir: str) -> Iterator[None]:
-    with exclusive_lock(os.path.join(destdir, ".finalize.lock"), what=f"--destdir {destdir}", wait=True):
+    with exclusive_lock(
+        os.path.join(destdir, ".finalize.lock"), what=f"--destdir {destdir}", wait=True
+    ):
         yield
 
 
@@ -721,49 +918,82 @@ def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
         for index in range(num_shards):
             part_dir = os.path.join(destdir, part_name(index, num_shards))
             if not os.path.exists(os.path.join(part_dir, MANIFEST_NAME)):
-                logger.info("part %d of %d is not done yet: %s gets its manifest when the last part finishes", index, num_shards, destdir)
+                logger.info(
+                    "part %d of %d is not done yet: %s gets its manifest when the last part finishes",
+                    index,
+                    num_shards,
+                    destdir,
+                )
                 return None
             parts.append(load_manifest(part_dir))
         first = parts[0]
         options = {k: v for k, v in first.config.items() if k not in _PER_RUN_OPTIONS}
-        for index, part in enumerate(parts):
-            differing = sorted(k for k, v in part.config.items() if k not in _PER_RUN_OPTIONS and options.get(k) != v)
+        for part in parts:
+            differing = sorted(
+                k
+                for k, v in part.config.items()
+                if k not in _PER_RUN_OPTIONS and options.get(k) != v
+            )
             if differing:
-                raise DataError(f"{part.directory}: made with other options than part 0 ({', '.join('--' + k.replace('_', '-') for k in differing)})")
+                raise DataError(
+                    f"{part.directory}: made with other options than part 0 ({', '.join('--' + k.replace('_', '-') for k in differing)})"
+                )
             for model in {part.spm.src_model, part.spm.tgt_model}:
                 if part.checksums.get(model) != first.checksums.get(model):
-                    raise DataError(f"{part.path(model)}: differs from part 0's vocabulary; give every shard the same --spm-model")
+                    raise DataError(
+                        f"{part.path(model)}: differs from part 0's vocabulary; give every shard the same --spm-model"
+                    )
 
         def moved(index: int, name: str) -> str:
             return f"{part_name(index, num_shards)}/{name}"
 
         def side(index: int, entry: SideEntry) -> SideEntry:
-            return SideEntry(prefix=moved(index, entry.prefix), num_tokens=entry.num_tokens, token_dtype=entry.token_dtype, max_token_id=entry.max_token_id)
+            return SideEntry(
+                prefix=moved(index, entry.prefix),
+                num_tokens=entry.num_tokens,
+                token_dtype=entry.token_dtype,
+                max_token_id=entry.max_token_id,
+            )
 
         def part_entry(index: int, entry: PartEntry) -> PartEntry:
             return PartEntry(
-                src=side(index, entry.src), tgt=side(index, entry.tgt), num_lines=entry.num_lines, num_samples=entry.num_samples,
-                first_line=entry.first_line, line_numbers=entry.line_numbers and moved(index, entry.line_numbers),
+                src=side(index, entry.src),
+                tgt=side(index, entry.tgt),
+                num_lines=entry.num_lines,
+                num_samples=entry.num_samples,
+                first_line=entry.first_line,
+                line_numbers=entry.line_numbers and moved(index, entry.line_numbers),
             )
 
         splits = {}
         for name, entry in first.splits.items():
             if entry.role != "train":
                 splits[name] = SplitEntry(
-                    **{**vars(entry), "parts": tuple(part_entry(0, p) for p in entry.parts), "reference": entry.reference and moved(0, entry.reference)}
+                    **{
+                        **vars(entry),
+                        "parts": tuple(part_entry(0, p) for p in entry.parts),
+                        "reference": entry.reference and moved(0, entry.reference),
+                    }
                 )
                 continue
             entries = [part.split(name) for part in parts]
             pieces = [part_entry(index, p) for index, e in enumerate(entries) for p in e.parts]
             for before, after in zip(pieces, pieces[1:]):
                 if after.first_line != before.first_line + before.num_lines:
-                    raise DataError(f"{destdir}: the parts of split {name!r} do not cover consecutive lines; rerun the shards with the same input")
+                    raise DataError(
+                        f"{destdir}: the parts of split {name!r} do not cover consecutive lines; rerun the shards with the same input"
+                    )
             filtered = collections.Counter[str]()
             for e in entries:
                 filtered.update(e.filtered)
             splits[name] = SplitEntry(
-                name=name, role="train", num_lines=sum(e.num_lines for e in entries), num_samples=sum(e.num_samples for e in entries),
-                parts=tuple(pieces), input_prefix=entry.input_prefix, filtered=dict(filtered),
+                name=name,
+                role="train",
+                num_lines=sum(e.num_lines for e in entries),
+                num_samples=sum(e.num_samples for e in entries),
+                parts=tuple(pieces),
+                input_prefix=entry.input_prefix,
+                filtered=dict(filtered),
                 replaced_invalid_utf8=sum(e.replaced_invalid_utf8 for e in entries),
             )
         manifest = Manifest(
@@ -771,14 +1001,28 @@ def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
             source_lang=first.source_lang,
             target_lang=first.target_lang,
             special_ids=first.special_ids,
-            spm=SpmEntry(**{**vars(first.spm), "src_model": moved(0, first.spm.src_model), "tgt_model": moved(0, first.spm.tgt_model)}),
+            spm=SpmEntry(
+                **{
+                    **vars(first.spm),
+                    "src_model": moved(0, first.spm.src_model),
+                    "tgt_model": moved(0, first.spm.tgt_model),
+                }
+            ),
             splits=splits,
-            checksums={moved(index, name): checksum for index, part in enumerate(parts) for name, checksum in part.checksums.items()},
+            checksums={
+                moved(index, name): checksum
+                for index, part in enumerate(parts)
+                for name, checksum in part.checksums.items()
+            },
             config={**options, "num_shards": num_shards},
         )
         manifest.write(destdir)
         logger.info("all %d parts done: wrote %s", num_shards, os.path.join(destdir, MANIFEST_NAME))
-        return merge_parts(manifest) if any(part.config.get("merge_parts") for part in parts) else manifest
+        return (
+            merge_parts(manifest)
+            if any(part.config.get("merge_parts") for part in parts)
+            else manifest
+        )
 
 
 MERGE_BLOCK_SAMPLES = 1 << 20
@@ -799,16 +1043,28 @@ def merge_parts(manifest: Manifest) -> Manifest:
             continue
         corpus = ParallelCorpus(directory, name, manifest=manifest, check_token_ids=False)
         sides = []
-        for lang, parted in ((manifest.source_lang, corpus.src), (manifest.target_lang, corpus.tgt)):
+        for lang, parted in (
+            (manifest.source_lang, corpus.src),
+            (manifest.target_lang, corpus.tgt),
+        ):
             prefix = f"{name}.{lang}"
             writer = IndexedWriter(os.path.join(directory, prefix), dtype=parted.parts[0].dtype)
             for dataset in parted.parts:
                 for start in range(0, len(dataset), MERGE_BLOCK_SAMPLES):
                     stop = min(start + MERGE_BLOCK_SAMPLES, len(dataset))
-                    tokens = dataset.tokens[int(dataset.offsets[start]) : int(dataset.offsets[stop])]
+                    tokens = dataset.tokens[
+                        int(dataset.offsets[start]) : int(dataset.offsets[stop])
+                    ]
                     writer.add_many(tokens, dataset.lengths[start:stop])
             writer.finish()
-            sides.append(SideEntry(prefix=prefix, num_tokens=writer.num_tokens, token_dtype=str(writer.dtype), max_token_id=writer.max_token_id))
+            sides.append(
+                SideEntry(
+                    prefix=prefix,
+                    num_tokens=writer.num_tokens,
+                    token_dtype=str(writer.dtype),
+                    max_token_id=writer.max_token_id,
+                )
+            )
             written += [prefix + ".bin", prefix + ".idx"]
         line_numbers = None
         if all(part.line_numbers for part in entry.parts):
@@ -821,11 +1077,20 @@ def merge_parts(manifest: Manifest) -> Manifest:
             numbers.finish()
             written.append(line_numbers)
         for part in entry.parts:
-            replaced += [part.src.prefix + ".bin", part.src.prefix + ".idx", part.tgt.prefix + ".bin", part.tgt.prefix + ".idx"]
+            replaced += [
+                part.src.prefix + ".bin",
+                part.src.prefix + ".idx",
+                part.tgt.prefix + ".bin",
+                part.tgt.prefix + ".idx",
+            ]
             replaced += [part.line_numbers] if part.line_numbers else []
         merged = PartEntry(
-            src=sides[0], tgt=sides[1], num_lines=entry.num_lines, num_samples=entry.num_samples,
-            first_line=entry.parts[0].first_line, line_numbers=line_numbers,
+            src=sides[0],
+            tgt=sides[1],
+            num_lines=entry.num_lines,
+            num_samples=entry.num_samples,
+            first_line=entry.parts[0].first_line,
+            line_numbers=line_numbers,
         )
         splits[name] = SplitEntry(**{**vars(entry), "parts": (merged,)})
     checksums = {k: v for k, v in manifest.checksums.items() if k not in replaced}
@@ -835,7 +1100,9 @@ def merge_parts(manifest: Manifest) -> Manifest:
     for name in replaced:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(directory, name))
-    for part_dir in {os.path.dirname(name) for name in replaced}:  # a part without its training files is no dataset
+    for part_dir in {
+        os.path.dirname(name) for name in replaced
+    }:  # a part without its training files is no dataset
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(directory, part_dir, MANIFEST_NAME))
     logger.info("merged the parts of %s into one file per split and side", directory)
@@ -850,6 +1117,18 @@ def summary_table(stats: list[SplitStats]) -> str:
         if s.replaced_invalid_utf8:
             filtered = f"invalid_utf8_replaced={s.replaced_invalid_utf8}"
         unk = 100.0 * (s.src_unk + s.tgt_unk) / max(1, s.src_tokens + s.tgt_tokens)
-        rows.append((s.name, str(s.num_lines), str(s.num_samples), filtered, str(s.src_tokens), str(s.tgt_tokens), f"{unk:.2f}"))
+        rows.append(
+            (
+                s.name,
+                str(s.num_lines),
+                str(s.num_samples),
+                filtered,
+                str(s.src_tokens),
+                str(s.tgt_tokens),
+                f"{unk:.2f}",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    )

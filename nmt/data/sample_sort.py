@@ -28,7 +28,9 @@ def _as_rows(keys: np.ndarray | torch.Tensor) -> np.ndarray:
     if rows.ndim != 2:
         raise ValueError(f"keys must have shape (n,) or (n, k), got {tuple(rows.shape)}")
     if rows.dtype.kind == "f" and np.isnan(rows).any():
-        raise ValueError(f"keys contain NaN at row {int(np.flatnonzero(np.isnan(rows).any(axis=1))[0])}")
+        raise ValueError(
+            f"keys contain NaN at row {int(np.flatnonzero(np.isnan(rows).any(axis=1))[0])}"
+        )
     return rows
 
 
@@ -52,7 +54,9 @@ def distributed_sample_sort(
     rows = _as_rows(keys)
     world_size = dist.world_size_in(group)
     if world_size > 1:
-        rows = _exchange_by_splitters(rows, group=group, world_size=world_size, samples_per_rank=samples_per_rank)
+        rows = _exchange_by_splitters(
+            rows, group=group, world_size=world_size, samples_per_rank=samples_per_rank
+        )
     elif rows.shape[0]:
         rows = rows[lexsort_rows(rows)]
     if np.ndim(keys) == 1:
@@ -68,12 +72,20 @@ def lex_greater_equal(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
     return result
 
 
-def _exchange_by_splitters(rows: np.ndarray, *, group: object, world_size: int, samples_per_rank: int) -> np.ndarray:
+def _exchange_by_splitters(
+    rows: np.ndarray, *, group: object, world_size: int, samples_per_rank: int
+) -> np.ndarray:
     num_rows, width = rows.shape
     # Evenly spaced picks from the unsorted shard: the splitters only steer balance, never the
     # result, so skipping a local sort here halves the sorting work.
-    picks = np.minimum((np.arange(samples_per_rank) + 0.5) * num_rows / samples_per_rank, num_rows - 1)
-    samples = rows[picks.astype(np.int64)] if num_rows else np.zeros((samples_per_rank, width), dtype=rows.dtype)
+    picks = np.minimum(
+        (np.arange(samples_per_rank) + 0.5) * num_rows / samples_per_rank, num_rows - 1
+    )
+    samples = (
+        rows[picks.astype(np.int64)]
+        if num_rows
+        else np.zeros((samples_per_rank, width), dtype=rows.dtype)
+    )
     gathered = dist.all_gather_equal(torch.from_numpy(np.ascontiguousarray(samples)), group=group)
     counts = dist.all_gather_equal(torch.tensor([min(num_rows, samples_per_rank)]), group=group)
     pool = np.concatenate([g.numpy()[: int(c)] for g, c in zip(gathered, counts)])

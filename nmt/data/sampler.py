@@ -48,8 +48,15 @@ class MaxTokensBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.length_multiple = length_multiple
         self.shuffle = shuffle
-        check_lengths(self.src_lengths, self.tgt_lengths, max_tokens=cfg.max_tokens, length_multiple=length_multiple)
-        self.difficulty = difficulty_from(curriculum, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths)
+        check_lengths(
+            self.src_lengths,
+            self.tgt_lengths,
+            max_tokens=cfg.max_tokens,
+            length_multiple=length_multiple,
+        )
+        self.difficulty = difficulty_from(
+            curriculum, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths
+        )
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0

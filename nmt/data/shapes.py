@@ -53,12 +53,23 @@ class StaticShapes:
 
     @classmethod
     def for_data(
-        cls, longest: int, *, max_tokens: int, length_multiple: int, max_sentences: int | None, packed: bool
+        cls,
+        longest: int,
+        *,
+        max_tokens: int,
+        length_multiple: int,
+        max_sentences: int | None,
+        packed: bool,
     ) -> StaticShapes:
         if packed:
             buckets = packed_token_buckets(max_tokens=max_tokens, length_multiple=length_multiple)
             return cls(tuple((1, tokens) for tokens in buckets), packed=True)
-        shapes = padded_shapes(longest, max_tokens=max_tokens, length_multiple=length_multiple, max_sentences=max_sentences)
+        shapes = padded_shapes(
+            longest,
+            max_tokens=max_tokens,
+            length_multiple=length_multiple,
+            max_sentences=max_sentences,
+        )
         return cls(tuple(shapes), packed=False)
 
     def shape_for(self, size: int) -> tuple[int, int]:
@@ -66,17 +77,30 @@ class StaticShapes:
         for rows, length in self.shapes:
             if length >= size:
                 return rows, length
-        raise AssertionError(f"size {size} has no static shape")  # batching keeps every batch within them
+        raise AssertionError(
+            f"size {size} has no static shape"
+        )  # batching keeps every batch within them
 
     def collate(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         """Padded: exactly (rows, length) on both sides, the extra rows empty samples. Packed: both
         sides' tokens padded to the same bucketed count (a tail that belongs to no sample)."""
         if self.packed:
-            longest_side = max(sum(len(src) for src, _ in samples), sum(len(tgt) for _, tgt in samples))
+            longest_side = max(
+                sum(len(src) for src, _ in samples), sum(len(tgt) for _, tgt in samples)
+            )
             _, tokens = self.shape_for(longest_side)
-            return collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout="packed", pad_tokens_to=tokens)
+            return collate(
+                samples, pad_id=PAD_ID, bos_id=BOS_ID, layout="packed", pad_tokens_to=tokens
+            )
         rows, length = self.shape_for(max(max(len(src), len(tgt)) for src, tgt in samples))
-        return collate(samples, pad_id=PAD_ID, bos_id=BOS_ID, layout="padded", pad_rows_to=rows, pad_tokens_to=length)
+        return collate(
+            samples,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            layout="padded",
+            pad_rows_to=rows,
+            pad_tokens_to=length,
+        )
 
     def warmup_batches(self) -> list[dict[str, torch.Tensor]]:
         """One batch per shape, of dummy samples; packed shapes are cut into short samples (their
@@ -91,7 +115,9 @@ class StaticShapes:
         for rows, length in self.shapes:
             if self.packed:
                 short, remainder = divmod(length, PACKED_DUMMY_LENGTH)
-                samples = [sample(PACKED_DUMMY_LENGTH)] * short + ([sample(remainder)] if remainder else [])
+                samples = [sample(PACKED_DUMMY_LENGTH)] * short + (
+                    [sample(remainder)] if remainder else []
+                )
             else:
                 samples = [sample(length)] * rows
             batches.append(self.collate(samples))

@@ -98,15 +98,21 @@ class SentencePieceModel:
         """Piece ids without EOS. Threads are SentencePiece's own, so output is thread-count independent."""
         return self.processor.encode(list(lines), out_type=int, num_threads=num_threads)
 
-    def encode_with_eos(self, lines: Sequence[str], *, dtype: np.dtype, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def encode_with_eos(
+        self, lines: Sequence[str], *, dtype: np.dtype, num_threads: int = 1
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The stored form: ``(tokens, lengths)``, each sentence's ids followed by EOS, back to back.
 
         SentencePiece appends the EOS itself (``add_eos``), so the ids go from its lists into one
         array in a single C-level pass.
         """
-        ids = self.processor.encode(list(lines), out_type=int, add_eos=True, num_threads=num_threads)
+        ids = self.processor.encode(
+            list(lines), out_type=int, add_eos=True, num_threads=num_threads
+        )
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+        tokens = np.fromiter(
+            itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())
+        )
         return tokens, lengths
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:

@@ -30,7 +30,9 @@ def resolve_text_file(prefix: str, lang: str) -> str:
     for candidate in (plain, *(plain + suffix for suffix in COMPRESSED_SUFFIXES)):
         if os.path.isfile(candidate):
             return candidate
-    raise DataError(f"{plain}: no such file (also tried {', '.join(plain + s for s in COMPRESSED_SUFFIXES)})")
+    raise DataError(
+        f"{plain}: no such file (also tried {', '.join(plain + s for s in COMPRESSED_SUFFIXES)})"
+    )
 
 
 def open_binary(path: str) -> BinaryIO:
@@ -44,7 +46,9 @@ def open_binary(path: str) -> BinaryIO:
             import zstandard
 
             raw = open(path, "rb")
-            return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)  # type: ignore[return-value]
+            return zstandard.ZstdDecompressor().stream_reader(
+                raw, read_across_frames=True, closefd=True
+            )  # type: ignore[return-value]
         return open(path, "rb")
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror or error}") from None
@@ -81,9 +85,13 @@ class LineReader:
         try:
             return self._handle.read(self.block_bytes)
         except (OSError, EOFError, lzma.LZMAError) as error:
-            raise DataError(f"{self.path}: cannot read (line {self.line_number + 1}): {error}") from None
+            raise DataError(
+                f"{self.path}: cannot read (line {self.line_number + 1}): {error}"
+            ) from None
         except Exception as error:  # zstandard.ZstdError and friends: a corrupt compressed stream
-            raise DataError(f"{self.path}: cannot read (line {self.line_number + 1}): {error}") from None
+            raise DataError(
+                f"{self.path}: cannot read (line {self.line_number + 1}): {error}"
+            ) from None
 
     def _fill(self) -> bool:
         """Split the next block into lines; False at the end of the file."""
@@ -193,21 +201,31 @@ def iter_parallel_chunks(
     """
     with LineReader(src_path) as src, LineReader(tgt_path) as tgt:
         if src.skip(start) < start or tgt.skip(start) < start:
-            src_total, tgt_total = src.line_number + src.count_rest(), tgt.line_number + tgt.count_rest()
+            src_total, tgt_total = (
+                src.line_number + src.count_rest(),
+                tgt.line_number + tgt.count_rest(),
+            )
             if src_total != tgt_total:
                 raise line_count_mismatch(src_path, src_total, tgt_path, tgt_total)
-            raise DataError(f"{src_path}: {src_total} lines, fewer than this shard's first line {start + 1}")
+            raise DataError(
+                f"{src_path}: {src_total} lines, fewer than this shard's first line {start + 1}"
+            )
         first = start
         while stop is None or first < stop:
             want = chunk_lines if stop is None else min(chunk_lines, stop - first)
             src_chunk, tgt_chunk = src.read(want), tgt.read(want)
             if len(src_chunk) != len(tgt_chunk):
                 raise line_count_mismatch(
-                    src_path, src.line_number + src.count_rest(), tgt_path, tgt.line_number + tgt.count_rest()
+                    src_path,
+                    src.line_number + src.count_rest(),
+                    tgt_path,
+                    tgt.line_number + tgt.count_rest(),
                 )
             if not src_chunk:
                 if stop is not None:
-                    raise DataError(f"{src_path}: ends at line {first}, before this shard's last line {stop}")
+                    raise DataError(
+                        f"{src_path}: ends at line {first}, before this shard's last line {stop}"
+                    )
                 return
             yield first, src_chunk, tgt_chunk
             first += len(src_chunk)
@@ -219,7 +237,9 @@ class DecodedLines:
     invalid: list[int]  # 0-based indices (within the chunk) of lines that were not valid UTF-8
 
 
-def decode_lines(raw: list[bytes], *, path: str, replace_invalid: bool, first_line: int = 0) -> DecodedLines:
+def decode_lines(
+    raw: list[bytes], *, path: str, replace_invalid: bool, first_line: int = 0
+) -> DecodedLines:
     """UTF-8 decode; invalid lines raise (naming file:line) unless ``replace_invalid``.
 
     Replaced lines keep their place (U+FFFD for the bad bytes) so alignment never shifts; the

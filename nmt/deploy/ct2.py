@@ -38,14 +38,23 @@ from torch import nn
 from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
 from nmt.config import ModelConfig, from_dict, option_name, to_dict
 from nmt.data.spm import BOS_ID, EOS_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel
-from nmt.eval.ct2_model import EXPORT_FORMAT, EXPORT_MANIFEST, EXPORT_VERSION, import_ctranslate2, pieces
+from nmt.eval.ct2_model import (
+    EXPORT_FORMAT,
+    EXPORT_MANIFEST,
+    EXPORT_VERSION,
+    import_ctranslate2,
+    pieces,
+)
 from nmt.fileio import atomic_write, check_destination, install_directory
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16")
-_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU"}  # CTranslate2's Activation names (GELU is the erf form)
+_ACTIVATIONS = {
+    "relu": "RELU",
+    "gelu": "GELU",
+}  # CTranslate2's Activation names (GELU is the erf form)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -68,7 +77,9 @@ class _Mapper:
     def linear(self, spec: Any, module: nn.Linear) -> None:
         spec.weight = self.take(module.weight)
         bias = self.take(module.bias)
-        mask = getattr(module, "bias_mask", None)  # KeyBiasFreeLinear: the key chunk is masked to zero
+        mask = getattr(
+            module, "bias_mask", None
+        )  # KeyBiasFreeLinear: the key chunk is masked to zero
         spec.bias = bias if mask is None else bias * _numpy(mask)
 
     def layer_norm(self, spec: Any, module: nn.LayerNorm) -> None:
@@ -102,7 +113,9 @@ def unsupported_options(model_config: dict[str, Any]) -> list[str]:
     return sorted(set(model_config) - known)
 
 
-def build_spec(model: TransformerModel, *, src_spm: SentencePieceModel, tgt_spm: SentencePieceModel, name: str) -> Any:
+def build_spec(
+    model: TransformerModel, *, src_spm: SentencePieceModel, tgt_spm: SentencePieceModel, name: str
+) -> Any:
     """The ``TransformerSpec`` of ``model``, its weights set; ValueError for what cannot be exported."""
     import_ctranslate2("nmt-export --format ctranslate2")
     from ctranslate2.specs import common_spec, transformer_spec
@@ -117,29 +130,43 @@ def build_spec(model: TransformerModel, *, src_spm: SentencePieceModel, tgt_spm:
     src_pieces, tgt_pieces = pieces(src_spm), pieces(tgt_spm)
     if src_pieces[EOS_ID] != tgt_pieces[EOS_ID]:
         # CTranslate2 appends the target vocabulary's EOS name to sources: it must name the source's EOS too.
-        raise ValueError(f"{name}: source and target SentencePiece models name EOS differently; CTranslate2 needs one name")
+        raise ValueError(
+            f"{name}: source and target SentencePiece models name EOS differently; CTranslate2 needs one name"
+        )
     eps = {module.eps for module in model.modules() if isinstance(module, nn.LayerNorm)}
     if len(eps) != 1:
-        raise ValueError(f"{name}: layer norms with different epsilons {sorted(eps)} cannot be exported (CTranslate2 has one)")
+        raise ValueError(
+            f"{name}: layer norms with different epsilons {sorted(eps)} cannot be exported (CTranslate2 has one)"
+        )
     activation = getattr(common_spec.Activation, _ACTIVATIONS[cfg.activation_fn])
     encoder = transformer_spec.TransformerEncoderSpec(
-        cfg.encoder_layers, cfg.encoder_attention_heads, pre_norm=cfg.encoder_normalize_before, activation=activation
+        cfg.encoder_layers,
+        cfg.encoder_attention_heads,
+        pre_norm=cfg.encoder_normalize_before,
+        activation=activation,
     )
     decoder = transformer_spec.TransformerDecoderSpec(
-        cfg.decoder_layers, cfg.decoder_attention_heads, pre_norm=cfg.decoder_normalize_before, activation=activation
+        cfg.decoder_layers,
+        cfg.decoder_attention_heads,
+        pre_norm=cfg.decoder_normalize_before,
+        activation=activation,
     )
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
     mapper = _Mapper(model)
     mapper.embedder(spec.encoder, model.encoder.embed)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder.layers):
-        mapper.attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_block, cross=False)
+        mapper.attention(
+            layer_spec.self_attention, layer.self_attn, layer.self_attn_block, cross=False
+        )
         mapper.ffn(layer_spec.ffn, layer)
     if model.encoder.final_norm is not None:
         mapper.layer_norm(spec.encoder.layer_norm, model.encoder.final_norm)
     mapper.embedder(spec.decoder, model.decoder.embed)
     for layer_spec, layer in zip(spec.decoder.layer, model.decoder.layers):
-        mapper.attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_block, cross=False)
+        mapper.attention(
+            layer_spec.self_attention, layer.self_attn, layer.self_attn_block, cross=False
+        )
         mapper.attention(layer_spec.attention, layer.cross_attn, layer.cross_attn_block, cross=True)
         mapper.ffn(layer_spec.ffn, layer)
     if model.decoder.final_norm is not None:
@@ -148,7 +175,9 @@ def build_spec(model: TransformerModel, *, src_spm: SentencePieceModel, tgt_spm:
 
     left_out = sorted(set(model.state_dict()) - mapper.used)
     if left_out:
-        raise ValueError(f"{name}: parameter {left_out[0]} has no CTranslate2 counterpart; this model cannot be exported")
+        raise ValueError(
+            f"{name}: parameter {left_out[0]} has no CTranslate2 counterpart; this model cannot be exported"
+        )
 
     spec.register_source_vocabulary(src_pieces)
     spec.register_target_vocabulary(tgt_pieces)
@@ -165,17 +194,27 @@ def load_model(state: dict[str, Any], *, name: str) -> TransformerModel:
     """A checkpoint state -> the eval-mode model; unknown model options are an error here (not ignored)."""
     unknown = unsupported_options(state["model_config"])
     if unknown:
-        raise ValueError(f"{name}: model option {option_name(unknown[0])} is not supported by the CTranslate2 export")
-    model = build_model(dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto"))
+        raise ValueError(
+            f"{name}: model option {option_name(unknown[0])} is not supported by the CTranslate2 export"
+        )
+    model = build_model(
+        dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
+    )
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:
-        raise ValueError(f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})") from None
+        raise ValueError(
+            f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})"
+        ) from None
     return model.eval()
 
 
 def export_ctranslate2(
-    checkpoints: Sequence[str], output_dir: str, *, quantization: str | None = None, force: bool = False
+    checkpoints: Sequence[str],
+    output_dir: str,
+    *,
+    quantization: str | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Write ``output_dir`` (CTranslate2 files, SentencePiece model(s), ``nmt_export.json``); returns the manifest.
 
@@ -187,14 +226,18 @@ def export_ctranslate2(
     from ctranslate2.converters.converter import Converter
 
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"--quantization: must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+        raise ValueError(
+            f"--quantization: must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+        )
     output_dir = os.path.abspath(output_dir)
     check_destination(output_dir, replace=force, option="--output-dir", replace_flag="--force")
     name = ",".join(checkpoints)
     state = load_averaged_checkpoint(list(checkpoints))
     vocab = state["vocab"]
     if vocab.get("special_ids") != SPECIAL_IDS:
-        raise ValueError(f"{name}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
+        raise ValueError(
+            f"{name}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}"
+        )
     src_proto, tgt_proto = tensor_to_bytes(vocab["src_spm"]), tensor_to_bytes(vocab["tgt_spm"])
     src_spm = SentencePieceModel(src_proto, name=f"{name} (source SentencePiece model)")
     tgt_spm = SentencePieceModel(tgt_proto, name=f"{name} (target SentencePiece model)")
@@ -214,11 +257,19 @@ def export_ctranslate2(
         try:
             NmtConverter().convert(workdir, quantization=quantization, force=True)
         except (RuntimeError, NotImplementedError, TypeError) as error:
-            raise ValueError(f"{name}: CTranslate2 conversion failed ({' '.join(str(error).split())})") from None
-        except ValueError as error:  # CTranslate2's own checks span several lines; ours are one line already
+            raise ValueError(
+                f"{name}: CTranslate2 conversion failed ({' '.join(str(error).split())})"
+            ) from None
+        except (
+            ValueError
+        ) as error:  # CTranslate2's own checks span several lines; ours are one line already
             raise ValueError(" ".join(str(error).split())) from None
         joint = src_proto == tgt_proto
-        spm_files = ["spm.model"] if joint else [f"spm.{vocab['source_lang']}.model", f"spm.{vocab['target_lang']}.model"]
+        spm_files = (
+            ["spm.model"]
+            if joint
+            else [f"spm.{vocab['source_lang']}.model", f"spm.{vocab['target_lang']}.model"]
+        )
         for file_name, proto in zip(spm_files, (src_proto, tgt_proto)):
             with open(os.path.join(workdir, file_name), "wb") as handle:
                 handle.write(proto)
@@ -238,7 +289,9 @@ def export_ctranslate2(
         with atomic_write(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=2)
             handle.write("\n")
-        install_directory(workdir, output_dir, replace=force, option="--output-dir", replace_flag="--force")
+        install_directory(
+            workdir, output_dir, replace=force, option="--output-dir", replace_flag="--force"
+        )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

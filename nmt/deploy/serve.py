@@ -45,10 +45,16 @@ logger = logging.getLogger(__name__)
 class ServeConfig:
     """Limits and batching of the service (``nmt-serve`` makes its options from these fields)."""
 
-    max_body_bytes: int = opt(1 << 20, "a request body over this many bytes is refused (413) before it is parsed")
+    max_body_bytes: int = opt(
+        1 << 20, "a request body over this many bytes is refused (413) before it is parsed"
+    )
     max_request_sentences: int = opt(128, "sentences per request (the lines of all its texts)")
-    max_batch_tokens: int = opt(4096, "source tokens (EOS included) gathered into one decode; a bigger request goes alone")
-    max_wait_ms: float = opt(5.0, "how long the oldest queued request waits for others to share its decode")
+    max_batch_tokens: int = opt(
+        4096, "source tokens (EOS included) gathered into one decode; a bigger request goes alone"
+    )
+    max_wait_ms: float = opt(
+        5.0, "how long the oldest queued request waits for others to share its decode"
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_request_sentences", "max_batch_tokens"):
@@ -80,7 +86,9 @@ class _Job:
 class DynamicBatcher:
     """Gathers concurrent requests into one decode at a time (see the module docstring)."""
 
-    def __init__(self, translator: Translator, *, max_batch_tokens: int, max_wait_ms: float) -> None:
+    def __init__(
+        self, translator: Translator, *, max_batch_tokens: int, max_wait_ms: float
+    ) -> None:
         self.translator = translator
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_ms / 1000.0
@@ -109,8 +117,13 @@ class DynamicBatcher:
     async def translate(self, sentences: list[str]) -> list[str]:
         """Translations of ``sentences`` (in order), decoded together with whatever else is queued."""
         loop = asyncio.get_running_loop()
-        sources = [np.array(ids + [EOS_ID], dtype=np.int64) for ids in self.translator.src_spm.encode(sentences)]
-        job = _Job(sources, sum(len(source) for source in sources), loop.time(), loop.create_future())
+        sources = [
+            np.array(ids + [EOS_ID], dtype=np.int64)
+            for ids in self.translator.src_spm.encode(sentences)
+        ]
+        job = _Job(
+            sources, sum(len(source) for source in sources), loop.time(), loop.create_future()
+        )
         self._jobs.append(job)
         self._queued_tokens += job.num_tokens
         self._arrived.set()
@@ -124,7 +137,10 @@ class DynamicBatcher:
                 await self._arrived.wait()
                 continue
             deadline = self._jobs[0].arrived + self.max_wait_s
-            while self._queued_tokens < self.max_batch_tokens and (remaining := deadline - loop.time()) > 0:
+            while (
+                self._queued_tokens < self.max_batch_tokens
+                and (remaining := deadline - loop.time()) > 0
+            ):
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), remaining)
@@ -148,7 +164,9 @@ class DynamicBatcher:
         started = time.perf_counter()
         sources = [source for job in batch for source in job.sources]
         try:
-            texts, num_target_tokens = await loop.run_in_executor(self._executor, self._translate, sources)
+            texts, num_target_tokens = await loop.run_in_executor(
+                self._executor, self._translate, sources
+            )
         except Exception as error:  # a failed decode fails its requests, not the service
             logger.exception("decode of %d sentences failed", len(sources))
             for job in batch:
@@ -163,24 +181,35 @@ class DynamicBatcher:
             offset += len(job.sources)
         logger.info(
             "batch %d: %d requests, %d sentences, %d source tokens -> %d target tokens, %.1f ms (oldest waited %.1f ms)",
-            self.num_batches, len(batch), len(sources), sum(job.num_tokens for job in batch), num_target_tokens,
-            (time.perf_counter() - started) * 1000, waited_ms,
+            self.num_batches,
+            len(batch),
+            len(sources),
+            sum(job.num_tokens for job in batch),
+            num_target_tokens,
+            (time.perf_counter() - started) * 1000,
+            waited_ms,
         )
 
     def _translate(self, sources: list[np.ndarray]) -> tuple[list[str], int]:
         """On the decode thread: best translation per source, and the target tokens (EOS counted)."""
         nbests = self.translator.detokenize(self.translator.generate(sources))
-        return [nbest[0].text for nbest in nbests], sum(len(nbest[0].tokens) + 1 for nbest in nbests)
+        return [nbest[0].text for nbest in nbests], sum(
+            len(nbest[0].tokens) + 1 for nbest in nbests
+        )
 
 
-def parse_request(body: bytes, *, source_lang: str, target_lang: str, max_sentences: int) -> tuple[list[list[str]], bool]:
+def parse_request(
+    body: bytes, *, source_lang: str, target_lang: str, max_sentences: int
+) -> tuple[list[list[str]], bool]:
     """A LibreTranslate body -> per text its lines, and whether ``q`` was a list; RequestError otherwise."""
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RequestError(400, f"invalid JSON: {error}") from None
     if not isinstance(payload, dict):
-        raise RequestError(400, 'the body must be a JSON object like {"q": "text", "source": "en", "target": "de"}')
+        raise RequestError(
+            400, 'the body must be a JSON object like {"q": "text", "source": "en", "target": "de"}'
+        )
     if "q" not in payload:
         raise RequestError(400, "missing q: the text to translate (a string or a list of strings)")
     q = payload["q"]
@@ -188,16 +217,25 @@ def parse_request(body: bytes, *, source_lang: str, target_lang: str, max_senten
     texts = q if is_list else [q]
     if not all(isinstance(text, str) for text in texts):
         raise RequestError(400, "q: must be a string or a list of strings")
-    for key, expected, allowed in (("source", source_lang, {source_lang, "auto"}), ("target", target_lang, {target_lang})):
+    for key, expected, allowed in (
+        ("source", source_lang, {source_lang, "auto"}),
+        ("target", target_lang, {target_lang}),
+    ):
         value = payload.get(key, expected)
         if not isinstance(value, str):
             raise RequestError(400, f"{key}: must be a string")
         if value not in allowed:
-            raise RequestError(400, f"{key}: this service translates {source_lang} -> {target_lang}, not {key} {value!r}")
+            raise RequestError(
+                400,
+                f"{key}: this service translates {source_lang} -> {target_lang}, not {key} {value!r}",
+            )
     lines = [text.split("\n") for text in texts]  # one sentence per line: "\n" only
     num_sentences = sum(len(text_lines) for text_lines in lines)
     if num_sentences > max_sentences:
-        raise RequestError(400, f"too many sentences: {num_sentences} in one request, at most {max_sentences} (--max-request-sentences)")
+        raise RequestError(
+            400,
+            f"too many sentences: {num_sentences} in one request, at most {max_sentences} (--max-request-sentences)",
+        )
     return lines, is_list
 
 
@@ -205,7 +243,9 @@ async def read_body(request: Any, *, limit: int) -> bytes:
     """The request body, refused (413) as soon as it is known to exceed ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"request body of {int(declared)} bytes is over the limit of {limit}")
+        raise RequestError(
+            413, f"request body of {int(declared)} bytes is over the limit of {limit}"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -216,11 +256,19 @@ async def read_body(request: Any, *, limit: int) -> bytes:
 
 
 def web_page(*, source_lang: str, target_lang: str) -> str:
-    page = importlib.resources.files("nmt.deploy").joinpath("static/index.html").read_text(encoding="utf-8")
-    return page.replace("__SOURCE__", html.escape(source_lang)).replace("__TARGET__", html.escape(target_lang))
+    page = (
+        importlib.resources.files("nmt.deploy")
+        .joinpath("static/index.html")
+        .read_text(encoding="utf-8")
+    )
+    return page.replace("__SOURCE__", html.escape(source_lang)).replace(
+        "__TARGET__", html.escape(target_lang)
+    )
 
 
-def create_app(translator: Translator, cfg: ServeConfig, *, source_lang: str, target_lang: str, backend: str) -> Any:
+def create_app(
+    translator: Translator, cfg: ServeConfig, *, source_lang: str, target_lang: str, backend: str
+) -> Any:
     """The Starlette app; its lifespan starts and stops the batcher (so it must run under an ASGI server)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -233,7 +281,9 @@ def create_app(translator: Translator, cfg: ServeConfig, *, source_lang: str, ta
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state["batcher"] = batcher = DynamicBatcher(translator, max_batch_tokens=cfg.max_batch_tokens, max_wait_ms=cfg.max_wait_ms)
+        state["batcher"] = batcher = DynamicBatcher(
+            translator, max_batch_tokens=cfg.max_batch_tokens, max_wait_ms=cfg.max_wait_ms
+        )
         batcher.start()
         try:
             yield
@@ -243,12 +293,19 @@ def create_app(translator: Translator, cfg: ServeConfig, *, source_lang: str, ta
     async def translate(request: Request) -> Response:
         try:
             body = await read_body(request, limit=cfg.max_body_bytes)
-            lines, is_list = parse_request(body, source_lang=source_lang, target_lang=target_lang, max_sentences=cfg.max_request_sentences)
+            lines, is_list = parse_request(
+                body,
+                source_lang=source_lang,
+                target_lang=target_lang,
+                max_sentences=cfg.max_request_sentences,
+            )
         except RequestError as error:
             return JSONResponse({"error": error.message}, status_code=error.status)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it
-        translations = await state["batcher"].translate([line for text_lines in lines for line in text_lines])
+        translations = await state["batcher"].translate(
+            [line for text_lines in lines for line in text_lines]
+        )
         texts, offset = [], 0
         for text_lines in lines:
             texts.append("\n".join(translations[offset : offset + len(text_lines)]))
@@ -281,10 +338,14 @@ def create_app(translator: Translator, cfg: ServeConfig, *, source_lang: str, ta
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
+        return JSONResponse(
+            {"error": error.detail}, status_code=error.status_code, headers=error.headers
+        )
 
     async def server_error(request: Request, error: Exception) -> Response:
-        return JSONResponse({"error": f"internal error: {type(error).__name__}: {error}"}, status_code=500)
+        return JSONResponse(
+            {"error": f"internal error: {type(error).__name__}: {error}"}, status_code=500
+        )
 
     return Starlette(
         routes=[

@@ -60,7 +60,9 @@ def pieces(spm: SentencePieceModel) -> list[str]:
 def read_export_manifest(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, EXPORT_MANIFEST)
     if not os.path.isfile(path):
-        raise ValueError(f"{directory}: a directory, but not one written by nmt-export (no {EXPORT_MANIFEST})")
+        raise ValueError(
+            f"{directory}: a directory, but not one written by nmt-export (no {EXPORT_MANIFEST})"
+        )
     try:
         with open(path, encoding="utf-8") as handle:
             manifest = json.load(handle)
@@ -69,9 +71,13 @@ def read_export_manifest(directory: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{path}: not an nmt export manifest (no '{EXPORT_FORMAT}' marker)")
     if manifest.get("version") != EXPORT_VERSION:
-        raise ValueError(f"{path}: export version {manifest.get('version')}, this nmt reads version {EXPORT_VERSION}")
+        raise ValueError(
+            f"{path}: export version {manifest.get('version')}, this nmt reads version {EXPORT_VERSION}"
+        )
     if manifest.get("special_ids") != SPECIAL_IDS:
-        raise ValueError(f"{path}: special ids {manifest.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
+        raise ValueError(
+            f"{path}: special ids {manifest.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}"
+        )
     return manifest
 
 
@@ -85,7 +91,11 @@ def _device_and_index(device: str, ctranslate2: Any) -> tuple[str, int]:
         raise ValueError(f"--device {device}: CTranslate2 runs on cpu or cuda")
     device_type, index = match.group(1), int(match.group(2) or 0)
     if device_type == "cuda" and index >= count:
-        available = f"only {count} CUDA device(s) here" if count else "no CUDA device is available (use --device auto or cpu)"
+        available = (
+            f"only {count} CUDA device(s) here"
+            if count
+            else "no CUDA device is available (use --device auto or cpu)"
+        )
         raise ValueError(f"--device {device}: {available}")
     return device_type, index
 
@@ -93,7 +103,9 @@ def _device_and_index(device: str, ctranslate2: Any) -> tuple[str, int]:
 class CT2Model:
     """The Translator's backend for an export: CTranslate2 runs the search of each whole batch."""
 
-    forced_decoding = False  # a teacher-forced forward (given targets scored) is what the export leaves out
+    forced_decoding = (
+        False  # a teacher-forced forward (given targets scored) is what the export leaves out
+    )
 
     def __init__(
         self,
@@ -112,10 +124,15 @@ class CT2Model:
         self._src_pieces = pieces(src_spm)
         tgt_pieces = pieces(tgt_spm)
         self._tgt_ids = {piece: index for index, piece in enumerate(tgt_pieces)}
-        self._banned = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]  # one-token sequences: always suppressed
+        self._banned = [
+            [tgt_pieces[PAD_ID]],
+            [tgt_pieces[BOS_ID]],
+        ]  # one-token sequences: always suppressed
 
     @classmethod
-    def load(cls, directory: str, *, device: str = "cpu", compute_type: str = "default", threads: int = 0) -> CT2Model:
+    def load(
+        cls, directory: str, *, device: str = "cpu", compute_type: str = "default", threads: int = 0
+    ) -> CT2Model:
         """Load an exported directory; ``compute_type`` "default" runs the type it was exported with.
         ``threads`` 0: OMP_NUM_THREADS when set, else one per core this process may run on."""
         manifest = read_export_manifest(directory)
@@ -129,12 +146,20 @@ class CT2Model:
             threads = len(os.sched_getaffinity(0))
         try:
             translator = ctranslate2.Translator(
-                directory, device=device_type, device_index=device_index, compute_type=compute_type, intra_threads=threads
+                directory,
+                device=device_type,
+                device_index=device_index,
+                compute_type=compute_type,
+                intra_threads=threads,
             )
         except (RuntimeError, ValueError) as error:
-            raise ValueError(f"{directory}: CTranslate2 cannot load this model ({str(error).strip().splitlines()[0]})") from None
+            raise ValueError(
+                f"{directory}: CTranslate2 cannot load this model ({str(error).strip().splitlines()[0]})"
+            ) from None
         cfg = from_dict(ModelConfig, manifest["model_config"])
-        logging.getLogger("nmt.eval").info("decoding on %s with CTranslate2 (%s)", device_type, translator.compute_type)
+        logging.getLogger("nmt.eval").info(
+            "decoding on %s with CTranslate2 (%s)", device_type, translator.compute_type
+        )
         return cls(translator, cfg=cfg, src_spm=src_spm, tgt_spm=tgt_spm, name=directory)
 
     @property
@@ -145,29 +170,45 @@ class CT2Model:
     def max_target_positions(self) -> int:
         return self.cfg.max_target_positions
 
-    def searcher(self, cfg: EvalConfig) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
+    def searcher(
+        self, cfg: EvalConfig
+    ) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
         """The search of one batch (sources, EOS last, cut to lengths) under ``cfg``."""
         return functools.partial(self.generate_batch, cfg=cfg)
 
-    def generate_batch(self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig) -> list[list[Hypothesis]]:
+    def generate_batch(
+        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig
+    ) -> list[list[Hypothesis]]:
         """Sources (EOS last) cut to ``lengths`` -> n-best hypotheses each; sentences that ran past their
         own length limit go again under it."""
-        tokens = [[self._src_pieces[i] for i in source[: length - 1]] for source, length in zip(sources, lengths)]
+        tokens = [
+            [self._src_pieces[i] for i in source[: length - 1]]
+            for source, length in zip(sources, lengths)
+        ]
         max_len = max_target_lengths(lengths, cfg, max_positions=self.cfg.max_target_positions)
         # CTranslate2's limit counts EOS; ours counts the tokens before the EOS that ends them.
         results = self._search(tokens, cfg, max_decoding_length=int(max_len.max()) + 1)
         # A hypothesis of n tokens ended at step n (EOS) or was cut there: still running at step max_len.
-        overran = [i for i, nbest in enumerate(results) if max(len(ids) for ids, _ in nbest) >= max_len[i]]
+        overran = [
+            i for i, nbest in enumerate(results) if max(len(ids) for ids, _ in nbest) >= max_len[i]
+        ]
         for limit in sorted({int(max_len[i]) for i in overran}):
             again = [i for i in overran if max_len[i] == limit]
             # Under a limit of `limit` steps, hypotheses still running are cut at `limit` tokens, where
             # ours end with a forced EOS.
-            redone = self._search([tokens[i] for i in again], cfg, max_decoding_length=max(limit, 1))
+            redone = self._search(
+                [tokens[i] for i in again], cfg, max_decoding_length=max(limit, 1)
+            )
             for i, nbest in zip(again, redone):
                 results[i] = [(ids[:limit], score) for ids, score in nbest]
-        return [[Hypothesis(tokens=ids, score=score) for ids, score in nbest[: cfg.nbest]] for nbest in results]
+        return [
+            [Hypothesis(tokens=ids, score=score) for ids, score in nbest[: cfg.nbest]]
+            for nbest in results
+        ]
 
-    def _search(self, tokens: list[list[str]], cfg: EvalConfig, *, max_decoding_length: int) -> list[list[tuple[list[int], float]]]:
+    def _search(
+        self, tokens: list[list[str]], cfg: EvalConfig, *, max_decoding_length: int
+    ) -> list[list[tuple[list[int], float]]]:
         """Per sentence, every hypothesis CTranslate2 returns as (ids without EOS, score), best first.
 
         The length of a hypothesis counts its EOS (it is the number of decoding steps it took).
@@ -198,7 +239,9 @@ class CT2Model:
                 sampling_temperature=cfg.temperature,
             )
         except (RuntimeError, ValueError) as error:
-            raise ValueError(f"{self.name}: CTranslate2 decoding failed ({str(error).strip().splitlines()[0]})") from None
+            raise ValueError(
+                f"{self.name}: CTranslate2 decoding failed ({str(error).strip().splitlines()[0]})"
+            ) from None
         results = []
         for output in outputs:
             nbest = []

@@ -52,9 +52,16 @@ class Ensemble:
 
     def start(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EnsembleState:
         """Encode the padded source (B, S) once per model; the decoder states start empty."""
-        return EnsembleState([model.init_decoder_state(model.encode(src_tokens, src_lengths)) for model in self.models])
+        return EnsembleState(
+            [
+                model.init_decoder_state(model.encode(src_tokens, src_lengths))
+                for model in self.models
+            ]
+        )
 
-    def next_log_probs(self, tokens: torch.Tensor, state: EnsembleState, *, temperature: float) -> torch.Tensor:
+    def next_log_probs(
+        self, tokens: torch.Tensor, state: EnsembleState, *, temperature: float
+    ) -> torch.Tensor:
         """Feed ``tokens`` (R,) and return the next token's log-probabilities (R, V) in float32
         (fp16 models sum scores in fp32); every model's state advances one step."""
         per_model = [
@@ -79,13 +86,21 @@ class Ensemble:
         over the models."""
         token_lprobs, attentions = [], []
         for model in self.models:
-            with model.recording_cross_attention() if need_attention else contextlib.nullcontext([]) as recorded:
+            with (
+                model.recording_cross_attention()
+                if need_attention
+                else contextlib.nullcontext([]) as recorded
+            ):
                 states = model(src_tokens, src_lengths, prev_output_tokens, None)  # (B, T, D)
             lprobs = _log_softmax(model.output_projection(states), temperature)  # (B, T, V)
             token_lprobs.append(lprobs.gather(-1, target[..., None]).squeeze(-1))  # (B, T)
             if need_attention:
                 attentions.append(recorded[0].float())
-        scores = token_lprobs[0] if len(token_lprobs) == 1 else _mean_probability(torch.stack(token_lprobs))
+        scores = (
+            token_lprobs[0]
+            if len(token_lprobs) == 1
+            else _mean_probability(torch.stack(token_lprobs))
+        )
         attention = torch.stack(attentions).mean(dim=0) if need_attention else None
         return scores, attention
 

@@ -44,26 +44,44 @@ def plain_lines(nbest: Sequence[Translation], *, score_reference: bool) -> list[
 class FairseqLines:
     """fairseq-generate's S-/T-/H-/D-/P-/A- lines of one sentence."""
 
-    def __init__(self, src_spm: SentencePieceModel, tgt_spm: SentencePieceModel, *, post_process: bool = False) -> None:
+    def __init__(
+        self,
+        src_spm: SentencePieceModel,
+        tgt_spm: SentencePieceModel,
+        *,
+        post_process: bool = False,
+    ) -> None:
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.post_process = post_process  # text instead of pieces in S-, T- and H-
 
-    def __call__(self, index: int, source: np.ndarray, reference: str | None, nbest: Sequence[Translation]) -> list[str]:
+    def __call__(
+        self, index: int, source: np.ndarray, reference: str | None, nbest: Sequence[Translation]
+    ) -> list[str]:
         """``source``: its ids with EOS; ``nbest``: with ``positional_scores`` filled (and ``alignment``
         for A- lines)."""
         lines = [f"S-{index}\t{self._show(self.src_spm, source[:-1].tolist())}\n"]
         if reference is not None:
-            lines.append(f"T-{index}\t{self._show(self.tgt_spm, self.tgt_spm.encode([reference])[0])}\n")
+            lines.append(
+                f"T-{index}\t{self._show(self.tgt_spm, self.tgt_spm.encode([reference])[0])}\n"
+            )
         for translation in nbest:
-            assert translation.positional_scores is not None, "fairseq lines need positional scores (add_token_scores)"
+            assert translation.positional_scores is not None, (
+                "fairseq lines need positional scores (add_token_scores)"
+            )
             score = base2(translation.score)
             lines.append(f"H-{index}\t{score}\t{self._show(self.tgt_spm, translation.tokens)}\n")
             lines.append(f"D-{index}\t{score}\t{translation.text}\n")
-            lines.append(f"P-{index}\t{' '.join(f'{base2(s):.4f}' for s in translation.positional_scores)}\n")
+            lines.append(
+                f"P-{index}\t{' '.join(f'{base2(s):.4f}' for s in translation.positional_scores)}\n"
+            )
             if translation.alignment is not None:
-                lines.append(f"A-{index}\t{' '.join(f'{s}-{t}' for s, t in translation.alignment)}\n")
+                lines.append(
+                    f"A-{index}\t{' '.join(f'{s}-{t}' for s, t in translation.alignment)}\n"
+                )
         return lines
 
     def _show(self, spm: SentencePieceModel, ids: list[int]) -> str:
-        return spm.decode([ids])[0] if self.post_process else " ".join(spm.processor.id_to_piece(ids))
+        return (
+            spm.decode([ids])[0] if self.post_process else " ".join(spm.processor.id_to_piece(ids))
+        )

@@ -19,19 +19,36 @@ class Score:
         return f"{self.summary}\n  signature: {self.signature}"
 
 
-TOKENIZED_LOWERCASE_LABEL = "BLEU (lowercased, 13a-tokenized; for comparison with papers' tokenized lowercase BLEU)"
+TOKENIZED_LOWERCASE_LABEL = (
+    "BLEU (lowercased, 13a-tokenized; for comparison with papers' tokenized lowercase BLEU)"
+)
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str], *, tokenized_lowercase: bool = False) -> list[Score]:
+def score(
+    hypotheses: Sequence[str], references: Sequence[str], *, tokenized_lowercase: bool = False
+) -> list[Score]:
     """sacreBLEU BLEU and chrF on detokenized, cased text (plus lowercased BLEU when asked)."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references: they must align line for line")
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references: they must align line for line"
+        )
     metrics: list[tuple[str, BLEU | CHRF]] = [("BLEU", BLEU()), ("chrF2", CHRF())]
     if tokenized_lowercase:
         metrics.append((TOKENIZED_LOWERCASE_LABEL, BLEU(lowercase=True, tokenize="13a")))
     scores = []
     for name, metric in metrics:
         result = metric.corpus_score(list(hypotheses), [list(references)])
-        summary = str(result) if name != TOKENIZED_LOWERCASE_LABEL else f"{name} = {str(result).split(' = ', 1)[1]}"
-        scores.append(Score(name=name, score=result.score, summary=summary, signature=str(metric.get_signature())))
+        summary = (
+            str(result)
+            if name != TOKENIZED_LOWERCASE_LABEL
+            else f"{name} = {str(result).split(' = ', 1)[1]}"
+        )
+        scores.append(
+            Score(
+                name=name,
+                score=result.score,
+                summary=summary,
+                signature=str(metric.get_signature()),
+            )
+        )
     return scores

@@ -46,10 +46,14 @@ def generate(
     An ``Ensemble`` of several models decodes with the mean of their probabilities at every step.
     """
     ensemble = model if isinstance(model, Ensemble) else Ensemble([model])
-    max_len = max_target_lengths(src_lengths.cpu().numpy(), cfg, max_positions=ensemble.max_target_positions)
+    max_len = max_target_lengths(
+        src_lengths.cpu().numpy(), cfg, max_positions=ensemble.max_target_positions
+    )
     state = ensemble.start(src_tokens, src_lengths)
     if cfg.sampling or cfg.beam == 1:
-        return _one_token_per_row(ensemble, state, max_len, cfg, generator=generator, device=src_tokens.device)
+        return _one_token_per_row(
+            ensemble, state, max_len, cfg, generator=generator, device=src_tokens.device
+        )
     return _beam_search(ensemble, state, max_len, cfg, device=src_tokens.device)
 
 
@@ -89,14 +93,18 @@ def _next_log_probs(
 def _ban_repeated_ngrams(lprobs: torch.Tensor, prefix: torch.Tensor, size: int) -> None:
     """Ban (in place) every token that would complete an n-gram already in ``prefix`` (R, t)."""
     windows = prefix.unfold(1, size, 1)  # (R, W, size): every n-gram so far
-    suffix = prefix[:, prefix.shape[1] - (size - 1) :]  # (R, size-1): what the next token would extend
+    suffix = prefix[
+        :, prefix.shape[1] - (size - 1) :
+    ]  # (R, size-1): what the next token would extend
     match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (R, W)
     # scatter_add, not scatter: the same token may end a matching and a non-matching window.
     hits = torch.zeros_like(lprobs).scatter_add_(1, windows[:, :, -1], match.to(lprobs.dtype))
     lprobs.masked_fill_(hits > 0, -torch.inf)
 
 
-def _force_eos_rows(step: int, max_len: np.ndarray, *, rows_per_sentence: int, device: torch.device) -> torch.Tensor | None:
+def _force_eos_rows(
+    step: int, max_len: np.ndarray, *, rows_per_sentence: int, device: torch.device
+) -> torch.Tensor | None:
     """(R,) bool for rows whose sentence reached its maximum length; None (no work) when none has."""
     past = step >= max_len
     if not past.any():
@@ -104,7 +112,9 @@ def _force_eos_rows(step: int, max_len: np.ndarray, *, rows_per_sentence: int, d
     return torch.from_numpy(np.repeat(past, rows_per_sentence)).to(device)
 
 
-def _sample(lprobs: torch.Tensor, cfg: EvalConfig, generator: torch.Generator | None) -> torch.Tensor:
+def _sample(
+    lprobs: torch.Tensor, cfg: EvalConfig, generator: torch.Generator | None
+) -> torch.Tensor:
     """One token per row from ``lprobs`` (R, V), truncated to the top-k and/or the top-p nucleus."""
     if cfg.topk:
         kth_best = lprobs.topk(min(cfg.topk, lprobs.shape[1]), dim=-1).values[:, -1:]  # (R, 1)
@@ -114,8 +124,12 @@ def _sample(lprobs: torch.Tensor, cfg: EvalConfig, generator: torch.Generator | 
         sorted_probs = sorted_lprobs.exp()
         # Keep the smallest prefix whose mass reaches p: a token goes when the mass before it already does.
         drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cfg.topp
-        lprobs = lprobs.masked_fill(torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted), -torch.inf)
-    return torch.multinomial(lprobs.exp(), 1, generator=generator).squeeze(1)  # multinomial renormalises
+        lprobs = lprobs.masked_fill(
+            torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted), -torch.inf
+        )
+    return torch.multinomial(lprobs.exp(), 1, generator=generator).squeeze(
+        1
+    )  # multinomial renormalises
 
 
 def _one_token_per_row(
@@ -151,7 +165,13 @@ def _one_token_per_row(
         if not bool(ended.any()):  # the one host sync per step
             continue
         ended_rows = ended.nonzero().squeeze(1)
-        finished.add(rows[ended_rows], prefix.index_select(0, ended_rows), sums[ended_rows], step=step, cfg=cfg)
+        finished.add(
+            rows[ended_rows],
+            prefix.index_select(0, ended_rows),
+            sums[ended_rows],
+            step=step,
+            cfg=cfg,
+        )
         keep = (~ended).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
@@ -162,7 +182,12 @@ def _one_token_per_row(
 
 
 def _beam_search(
-    ensemble: Ensemble, state: EnsembleState, max_len: np.ndarray, cfg: EvalConfig, *, device: torch.device
+    ensemble: Ensemble,
+    state: EnsembleState,
+    max_len: np.ndarray,
+    cfg: EvalConfig,
+    *,
+    device: torch.device,
 ) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
     finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
@@ -177,16 +202,24 @@ def _beam_search(
     for step in range(int(max_len.max()) + 1):
         num_active = sentences.shape[0]
         rows_per_sentence = prefix.shape[0] // num_active  # 1 at the first step, then K
-        force_eos = _force_eos_rows(step, max_len, rows_per_sentence=rows_per_sentence, device=device)
-        lprobs = _next_log_probs(ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg)  # (rows, V)
+        force_eos = _force_eos_rows(
+            step, max_len, rows_per_sentence=rows_per_sentence, device=device
+        )
+        lprobs = _next_log_probs(
+            ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg
+        )  # (rows, V)
         vocab_size = lprobs.shape[1]
         # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.
-        candidates = (sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)).view(num_active, -1)
+        candidates = (
+            sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)
+        ).view(num_active, -1)
         top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K), best first
         top_beams = torch.div(top_index, vocab_size, rounding_mode="floor")
         top_tokens = top_index % vocab_size
         # Row of each candidate's parent in the current state (every beam's parent is row 0 at first).
-        top_rows = torch.arange(num_active, device=device)[:, None] * rows_per_sentence + top_beams * (rows_per_sentence > 1)
+        top_rows = torch.arange(num_active, device=device)[
+            :, None
+        ] * rows_per_sentence + top_beams * (rows_per_sentence > 1)
         is_eos = top_tokens == EOS_ID  # (B, 2K)
 
         # Finish the EOS candidates among the first K (the fairseq rule), while a sentence has room.
@@ -195,7 +228,13 @@ def _beam_search(
         accept = eos & (slot < beam)
         finished.add(
             torch.where(accept, sentences[:, None] * beam + slot, finished.discard_row).view(-1),
-            torch.cat([prefix.index_select(0, top_rows[:, :beam].reshape(-1)), prefix.new_full((num_active * beam, 1), EOS_ID)], dim=1),
+            torch.cat(
+                [
+                    prefix.index_select(0, top_rows[:, :beam].reshape(-1)),
+                    prefix.new_full((num_active * beam, 1), EOS_ID),
+                ],
+                dim=1,
+            ),
             top_sums[:, :beam].reshape(-1),
             step=step,
             cfg=cfg,
@@ -203,7 +242,9 @@ def _beam_search(
         num_finished.index_add_(0, sentences, accept.sum(dim=1))
 
         # The first K non-EOS candidates continue (there are always K among 2K: one EOS per beam at most).
-        keep_rank = (is_eos * (2 * beam) + candidate_rank).topk(beam, dim=1, largest=False).indices  # (B, K)
+        keep_rank = (
+            (is_eos * (2 * beam) + candidate_rank).topk(beam, dim=1, largest=False).indices
+        )  # (B, K)
         next_rows = top_rows.gather(1, keep_rank)  # (B, K) parent rows in the current state
         next_tokens = top_tokens.gather(1, keep_rank)
         sums = top_sums.gather(1, keep_rank)
@@ -223,7 +264,9 @@ def _beam_search(
             state.reorder(next_rows.view(-1))
         else:
             state.reorder_beams(next_rows.view(-1))  # beams moved within their own sentence
-        prefix = torch.cat([prefix.index_select(0, next_rows.view(-1)), next_tokens.view(-1, 1)], dim=1)
+        prefix = torch.cat(
+            [prefix.index_select(0, next_rows.view(-1)), next_tokens.view(-1, 1)], dim=1
+        )
     return finished.best(num_sentences, per_sentence=beam, nbest=cfg.nbest)
 
 
@@ -236,11 +279,21 @@ class _Finished:
 
     def __init__(self, num_slots: int, *, max_steps: int, device: torch.device) -> None:
         self.discard_row = num_slots
-        self.tokens = torch.full((num_slots + 1, max_steps + 1), PAD_ID, dtype=torch.long, device=device)
+        self.tokens = torch.full(
+            (num_slots + 1, max_steps + 1), PAD_ID, dtype=torch.long, device=device
+        )
         self.lengths = torch.zeros(num_slots + 1, dtype=torch.long, device=device)
         self.scores = torch.full((num_slots + 1,), -torch.inf, device=device)
 
-    def add(self, slots: torch.Tensor, prefixes: torch.Tensor, sums: torch.Tensor, *, step: int, cfg: EvalConfig) -> None:
+    def add(
+        self,
+        slots: torch.Tensor,
+        prefixes: torch.Tensor,
+        sums: torch.Tensor,
+        *,
+        step: int,
+        cfg: EvalConfig,
+    ) -> None:
         """``prefixes`` (N, step + 2): BOS, tokens, EOS; ``sums`` (N,) their log-prob sums; into ``slots`` (N,)."""
         length = step + 1  # generated tokens, EOS included
         self.tokens[:, : step + 2].index_copy_(0, slots, prefixes)
@@ -250,7 +303,9 @@ class _Finished:
     def best(self, num_sentences: int, *, per_sentence: int, nbest: int) -> list[list[Hypothesis]]:
         scores = self.scores[:-1].view(num_sentences, per_sentence)
         order = scores.argsort(dim=1, descending=True, stable=True)[:, :nbest]  # (N, nbest)
-        slots = (order + torch.arange(num_sentences, device=order.device)[:, None] * per_sentence).view(-1)
+        slots = (
+            order + torch.arange(num_sentences, device=order.device)[:, None] * per_sentence
+        ).view(-1)
         tokens = self.tokens.index_select(0, slots).tolist()
         lengths = self.lengths.index_select(0, slots).tolist()
         best_scores = self.scores.index_select(0, slots).tolist()

@@ -14,7 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt.checkpoint_io import load_averaged_checkpoint, load_model_checkpoint, same_vocab, tensor_to_bytes
+from nmt.checkpoint_io import (
+    load_averaged_checkpoint,
+    load_model_checkpoint,
+    same_vocab,
+    tensor_to_bytes,
+)
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.eval.ensemble import Ensemble
@@ -32,9 +37,13 @@ def resolve_device(name: str | torch.device) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: no CUDA device is available (use --device auto or cpu)")
+            raise ValueError(
+                f"--device {name}: no CUDA device is available (use --device auto or cpu)"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise ValueError(
+                f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
     return device
 
 
@@ -52,13 +61,19 @@ def decode_dtype(device: torch.device, precision: str | torch.dtype | None) -> t
         raise ValueError(f"decoding precision: float16, bfloat16 or float32, got {precision}")
     if device.type == "cpu" and dtype != torch.float32:
         flag = "--fp16" if dtype == torch.float16 else "--bf16"
-        logger.warning("%s ignored on the CPU (half-precision is slower there): decoding in float32", flag)
+        logger.warning(
+            "%s ignored on the CPU (half-precision is slower there): decoding in float32", flag
+        )
         return None
     return dtype
 
 
 def load_models(
-    paths: Sequence[str], *, device: str | torch.device, average: bool, dtype: str | torch.dtype | None
+    paths: Sequence[str],
+    *,
+    device: str | torch.device,
+    average: bool,
+    dtype: str | torch.dtype | None,
 ) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel]:
     """Checkpoints -> the models on ``device`` with the SentencePiece models they carry."""
     device = resolve_device(device)
@@ -77,10 +92,19 @@ def load_models(
             )
     vocab = first["vocab"]
     if vocab.get("special_ids") != SPECIAL_IDS:
-        raise ValueError(f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}")
-    models = [_build_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states]
-    src_spm = SentencePieceModel(tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)")
-    tgt_spm = SentencePieceModel(tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)")
+        raise ValueError(
+            f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}"
+        )
+    models = [
+        _build_model(state, name=name).to(device=device, dtype=dtype)
+        for name, state in named_states
+    ]
+    src_spm = SentencePieceModel(
+        tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)"
+    )
+    tgt_spm = SentencePieceModel(
+        tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)"
+    )
     return models, src_spm, tgt_spm
 
 
@@ -96,7 +120,9 @@ class TorchModels:
         self.max_source_positions = self.ensemble.max_source_positions
         self.max_target_positions = self.ensemble.max_target_positions
 
-    def searcher(self, cfg: EvalConfig) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
+    def searcher(
+        self, cfg: EvalConfig
+    ) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
         """The search of one batch (sources, EOS last, cut to lengths), for one ``generate`` call: a
         sampling search draws from one generator seeded with ``cfg.seed`` across its batches."""
         generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
@@ -123,11 +149,18 @@ class TorchModels:
         target = torch.from_numpy(targets).to(self.device)
         prev_output = torch.cat([torch.full_like(target[:, :1], BOS_ID), target[:, :-1]], dim=1)
         scores, attention = self.ensemble.score_targets(
-            src_tokens, batch_src_lengths, prev_output, target, temperature=temperature, need_attention=need_attention
+            src_tokens,
+            batch_src_lengths,
+            prev_output,
+            target,
+            temperature=temperature,
+            need_attention=need_attention,
         )
         return scores.cpu().numpy(), None if attention is None else attention.cpu().numpy()
 
-    def collate(self, sources: list[np.ndarray], lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def collate(
+        self, sources: list[np.ndarray], lengths: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded (B, S) int64 source and lengths (B,); over-long sources keep their EOS."""
         tokens = np.full((len(sources), int(lengths.max())), PAD_ID, dtype=np.int64)
         for row, (source, length) in enumerate(zip(sources, lengths)):
@@ -144,5 +177,7 @@ def _build_model(state: dict[str, Any], *, name: str) -> TransformerModel:
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:
-        raise ValueError(f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})") from None
+        raise ValueError(
+            f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})"
+        ) from None
     return model

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # torch is imported for checkpoints only: an exported model t
 logger = logging.getLogger(__name__)
 UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a batch
 
+
 def iter_line_chunks(stream: BinaryIO, *, size: int, name: str) -> Iterator[list[str]]:
     """Lines of ``stream`` in chunks of ``size``, split on ``\\n`` only (as ``nmt.data.text`` does)."""
     chunk: list[str] = []
@@ -54,7 +55,9 @@ def iter_line_chunks(stream: BinaryIO, *, size: int, name: str) -> Iterator[list
         try:
             chunk.append(line.decode("utf-8"))
         except UnicodeDecodeError as error:
-            raise ValueError(f"{name}:{number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+            raise ValueError(
+                f"{name}:{number}: invalid UTF-8 ({error.reason} at byte {error.start})"
+            ) from None
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -69,7 +72,9 @@ class Translation:
     tokens: list[int]  # piece ids, EOS excluded
     # Filled by ``Translator.add_token_scores`` (fairseq's P- and A- lines), else None:
     positional_scores: list[float] | None = None  # natural log, one per token and one for EOS
-    alignment: list[tuple[int, int]] | None = None  # (source position, target position), EOS excluded
+    alignment: list[tuple[int, int]] | None = (
+        None  # (source position, target position), EOS excluded
+    )
 
 
 @dataclass
@@ -77,10 +82,14 @@ class TargetScore:
     """Forced decoding of one given target."""
 
     token_scores: np.ndarray  # (T,) float, natural log, EOS included
-    attention: np.ndarray | None  # (T, S) cross-attention of each target token over the source (EOS included)
+    attention: (
+        np.ndarray | None
+    )  # (T, S) cross-attention of each target token over the source (EOS included)
 
 
-def hard_alignment(attention: np.ndarray, *, num_source_tokens: int, num_target_tokens: int) -> list[tuple[int, int]]:
+def hard_alignment(
+    attention: np.ndarray, *, num_source_tokens: int, num_target_tokens: int
+) -> list[tuple[int, int]]:
     """fairseq's hard alignment: each target token (EOS excluded) to the source token (EOS excluded)
     it attends to most; ``attention`` (T, S) rows are target positions, columns source positions."""
     if num_source_tokens == 0:
@@ -94,12 +103,16 @@ def _sentences(lines: str | Sequence[str]) -> tuple[list[str], bool]:
     if isinstance(lines, str):
         sentence = lines[:-1] if lines.endswith("\n") else lines
         if "\n" in sentence:
-            raise ValueError("translate: a str is one sentence, without '\\n' inside (pass text.split('\\n') for several)")
+            raise ValueError(
+                "translate: a str is one sentence, without '\\n' inside (pass text.split('\\n') for several)"
+            )
         return [sentence], True
     sentences = list(lines)
     for sentence in sentences:
         if not isinstance(sentence, str):
-            raise TypeError(f"translate: expected a str or a sequence of str, got a sequence holding {type(sentence).__name__}")
+            raise TypeError(
+                f"translate: expected a str or a sequence of str, got a sequence holding {type(sentence).__name__}"
+            )
     return sentences, False
 
 
@@ -115,12 +128,16 @@ class Translator:
         config: EvalConfig | None = None,
     ) -> None:
         self.backend: TorchModels | CT2Model
-        if isinstance(model, CT2Model):  # an nmt-export directory: CTranslate2 runs the whole search
+        if isinstance(
+            model, CT2Model
+        ):  # an nmt-export directory: CTranslate2 runs the whole search
             self.backend = self.model = model
         else:
             from nmt.eval import torch_model  # here: the CTranslate2 path never imports torch
 
-            self.backend = torch_model.TorchModels(model if isinstance(model, Sequence) else [model])
+            self.backend = torch_model.TorchModels(
+                model if isinstance(model, Sequence) else [model]
+            )
             self.model = self.backend.models[0]
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
@@ -146,30 +163,44 @@ class Translator:
             raise ValueError("--path: no checkpoint given")
         directories = [p for p in paths if os.path.isdir(p)]
         if directories and len(paths) > 1:
-            raise ValueError(f"--path {directories[0]}: an exported directory decodes alone (no ensemble, no average); pass checkpoint files")
+            raise ValueError(
+                f"--path {directories[0]}: an exported directory decodes alone (no ensemble, no average); pass checkpoint files"
+            )
         if directories:
             if dtype is not None:
-                logger.warning("%s: an export runs the type it was exported with; %s ignored", paths[0], dtype)
+                logger.warning(
+                    "%s: an export runs the type it was exported with; %s ignored", paths[0], dtype
+                )
             exported = CT2Model.load(paths[0], device=str(device))
             return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
         from nmt.eval import torch_model
 
-        models, src_spm, tgt_spm = torch_model.load_models(paths, device=device, average=average, dtype=dtype)
+        models, src_spm, tgt_spm = torch_model.load_models(
+            paths, device=device, average=average, dtype=dtype
+        )
         return cls(models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
 
     @overload
     def translate(self, lines: str, *, progress: bool = False, **options: Any) -> str: ...
     @overload
-    def translate(self, lines: Sequence[str], *, progress: bool = False, **options: Any) -> list[str]: ...
+    def translate(
+        self, lines: Sequence[str], *, progress: bool = False, **options: Any
+    ) -> list[str]: ...
 
-    def translate(self, lines: str | Sequence[str], *, progress: bool = False, **options: Any) -> str | list[str]:
+    def translate(
+        self, lines: str | Sequence[str], *, progress: bool = False, **options: Any
+    ) -> str | list[str]:
         """Best translation of each line (of the one sentence, given a ``str``); ``options`` override
         ``EvalConfig`` fields (beam=5, lenpen=...)."""
         sentences, single = _sentences(lines)
-        best = [nbest[0].text for nbest in self.translate_nbest(sentences, progress=progress, **options)]
+        best = [
+            nbest[0].text for nbest in self.translate_nbest(sentences, progress=progress, **options)
+        ]
         return best[0] if single else best
 
-    def translate_nbest(self, lines: str | Sequence[str], *, progress: bool = False, **options: Any) -> list[list[Translation]]:
+    def translate_nbest(
+        self, lines: str | Sequence[str], *, progress: bool = False, **options: Any
+    ) -> list[list[Translation]]:
         """Per line, ``nbest`` translations, best first (a ``str`` is one line)."""
         sentences, _ = _sentences(lines)
         return self.detokenize(self.generate(self.encode(sentences), progress=progress, **options))
@@ -180,18 +211,32 @@ class Translator:
 
     def detokenize(self, hypotheses: list[list[Hypothesis]]) -> list[list[Translation]]:
         texts = iter(self.tgt_spm.decode([hyp.tokens for nbest in hypotheses for hyp in nbest]))
-        return [[Translation(text=next(texts), score=hyp.score, tokens=hyp.tokens) for hyp in nbest] for nbest in hypotheses]
+        return [
+            [Translation(text=next(texts), score=hyp.score, tokens=hyp.tokens) for hyp in nbest]
+            for nbest in hypotheses
+        ]
 
-    def generate(self, sources: Sequence[np.ndarray], *, progress: bool = False, **options: Any) -> list[list[Hypothesis]]:
+    def generate(
+        self, sources: Sequence[np.ndarray], *, progress: bool = False, **options: Any
+    ) -> list[list[Hypothesis]]:
         """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order."""
         cfg = dataclasses.replace(self.config, **options)
         lengths = self._source_lengths(sources)
         results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
         todo = np.flatnonzero(lengths > 1)  # EOS alone: an empty line translates to an empty line
         search = self.backend.searcher(cfg)
-        with tqdm(total=len(todo), unit="sent", desc="decode", disable=not progress, mininterval=1.0, leave=False) as bar:
+        with tqdm(
+            total=len(todo),
+            unit="sent",
+            desc="decode",
+            disable=not progress,
+            mininterval=1.0,
+            leave=False,
+        ) as bar:
             for indices in _batches(todo, lengths, lengths, cfg):
-                for index, nbest in zip(indices, search([sources[i] for i in indices], lengths[indices])):
+                for index, nbest in zip(
+                    indices, search([sources[i] for i in indices], lengths[indices])
+                ):
                     results[index] = nbest
                 bar.update(len(indices))
         return results
@@ -223,56 +268,97 @@ class Translator:
         cfg = self.config
         src_lengths = self._source_lengths(sources)
         max_target = self.backend.max_target_positions
-        tgt_lengths = np.fromiter((len(target) for target in targets), dtype=np.int64, count=len(targets))
+        tgt_lengths = np.fromiter(
+            (len(target) for target in targets), dtype=np.int64, count=len(targets)
+        )
         num_truncated = int((tgt_lengths > max_target).sum())
         if num_truncated:
-            logger.warning("%d targets longer than %d tokens are scored on their first %d tokens", num_truncated, max_target, max_target)
+            logger.warning(
+                "%d targets longer than %d tokens are scored on their first %d tokens",
+                num_truncated,
+                max_target,
+                max_target,
+            )
             tgt_lengths = np.minimum(tgt_lengths, max_target)
         results = [TargetScore(np.zeros(0, dtype=np.float32), None) for _ in targets]
-        with tqdm(total=len(targets), unit="sent", desc="score", disable=not progress, mininterval=1.0, leave=False) as bar:
+        with tqdm(
+            total=len(targets),
+            unit="sent",
+            desc="score",
+            disable=not progress,
+            mininterval=1.0,
+            leave=False,
+        ) as bar:
             for indices in _batches(np.flatnonzero(tgt_lengths > 0), src_lengths, tgt_lengths, cfg):
-                target = np.full((len(indices), int(tgt_lengths[indices].max())), PAD_ID, dtype=np.int64)
+                target = np.full(
+                    (len(indices), int(tgt_lengths[indices].max())), PAD_ID, dtype=np.int64
+                )
                 for row, index in enumerate(indices):
                     target[row, : tgt_lengths[index]] = targets[index][: tgt_lengths[index]]
                 scores_np, attention_np = self.backend.score_batch(
-                    [sources[i] for i in indices], src_lengths[indices], target,
-                    temperature=cfg.temperature, need_attention=need_attention,
+                    [sources[i] for i in indices],
+                    src_lengths[indices],
+                    target,
+                    temperature=cfg.temperature,
+                    need_attention=need_attention,
                 )
                 for row, index in enumerate(indices):
                     length, source_length = int(tgt_lengths[index]), int(src_lengths[index])
                     results[index] = TargetScore(
                         token_scores=scores_np[row, :length],
-                        attention=None if attention_np is None else attention_np[row, :length, :source_length],
+                        attention=None
+                        if attention_np is None
+                        else attention_np[row, :length, :source_length],
                     )
                 bar.update(len(indices))
         return results
 
     def add_token_scores(
-        self, sources: Sequence[np.ndarray], translations: Sequence[Sequence[Translation]], *, alignment: bool = False
+        self,
+        sources: Sequence[np.ndarray],
+        translations: Sequence[Sequence[Translation]],
+        *,
+        alignment: bool = False,
     ) -> None:
         """Fill each translation's ``positional_scores`` (and ``alignment``) by forced decoding of its
         tokens, as fairseq-generate prints them; translations of empty sources (not decoded) get none."""
-        pairs = [(index, translation) for index, nbest in enumerate(translations) if len(sources[index]) > 1 for translation in nbest]
+        pairs = [
+            (index, translation)
+            for index, nbest in enumerate(translations)
+            if len(sources[index]) > 1
+            for translation in nbest
+        ]
         scored = self.score_targets(
-            [sources[index] for index, _ in pairs], [t.tokens + [EOS_ID] for _, t in pairs], need_attention=alignment
+            [sources[index] for index, _ in pairs],
+            [t.tokens + [EOS_ID] for _, t in pairs],
+            need_attention=alignment,
         )
         for nbest in translations:
             for translation in nbest:
-                translation.positional_scores, translation.alignment = [], ([] if alignment else None)
+                translation.positional_scores, translation.alignment = (
+                    [],
+                    ([] if alignment else None),
+                )
         for (index, translation), result in zip(pairs, scored):
             translation.positional_scores = result.token_scores.tolist()
             if alignment:
                 assert result.attention is not None
                 translation.alignment = hard_alignment(
-                    result.attention, num_source_tokens=len(sources[index]) - 1, num_target_tokens=len(translation.tokens)
+                    result.attention,
+                    num_source_tokens=len(sources[index]) - 1,
+                    num_target_tokens=len(translation.tokens),
                 )
 
-    def score_references(self, sources: Sequence[np.ndarray], references: Sequence[str], *, alignment: bool = False) -> list[Translation]:
+    def score_references(
+        self, sources: Sequence[np.ndarray], references: Sequence[str], *, alignment: bool = False
+    ) -> list[Translation]:
         """fairseq's ``--score-reference``: each raw reference line scored as the translation of its
         source (forced decoding), with the hypotheses' score rule (sum / length ** lenpen)."""
         targets = [ids + [EOS_ID] for ids in self.tgt_spm.encode(references)]
         results = []
-        for index, (reference, target, scored) in enumerate(zip(references, targets, self.score_targets(sources, targets, need_attention=alignment))):
+        for index, (reference, target, scored) in enumerate(
+            zip(references, targets, self.score_targets(sources, targets, need_attention=alignment))
+        ):
             length = len(scored.token_scores)
             results.append(
                 Translation(
@@ -280,8 +366,12 @@ class Translator:
                     score=float(scored.token_scores.sum()) / length**self.config.lenpen,
                     tokens=target[:-1],
                     positional_scores=scored.token_scores.tolist(),
-                    alignment=None if scored.attention is None else hard_alignment(
-                        scored.attention, num_source_tokens=len(sources[index]) - 1, num_target_tokens=length - 1
+                    alignment=None
+                    if scored.attention is None
+                    else hard_alignment(
+                        scored.attention,
+                        num_source_tokens=len(sources[index]) - 1,
+                        num_target_tokens=length - 1,
                     ),
                 )
             )
@@ -290,23 +380,43 @@ class Translator:
     def _source_lengths(self, sources: Sequence[np.ndarray]) -> np.ndarray:
         """Source lengths (EOS included), cut to the models' positions (counted in a warning)."""
         max_positions = self.backend.max_source_positions
-        lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
+        lengths = np.fromiter(
+            (len(source) for source in sources), dtype=np.int64, count=len(sources)
+        )
         num_truncated = int((lengths > max_positions).sum())
         if num_truncated:
-            logger.warning("%d source sentences longer than %d tokens are truncated", num_truncated, max_positions)
+            logger.warning(
+                "%d source sentences longer than %d tokens are truncated",
+                num_truncated,
+                max_positions,
+            )
         return np.minimum(lengths, max_positions)
 
-    def score(self, hypotheses: Sequence[str], references: Sequence[str], *, tokenized_lowercase: bool = False) -> list[Score]:
+    def score(
+        self,
+        hypotheses: Sequence[str],
+        references: Sequence[str],
+        *,
+        tokenized_lowercase: bool = False,
+    ) -> list[Score]:
         """sacreBLEU BLEU and chrF (cased, detokenized), with signatures."""
         return score(hypotheses, references, tokenized_lowercase=tokenized_lowercase)
 
 
-def _batches(indices: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: EvalConfig) -> Iterator[np.ndarray]:
+def _batches(
+    indices: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray, cfg: EvalConfig
+) -> Iterator[np.ndarray]:
     """``indices`` in batches, longest first (similar lengths share a batch, so a batch's padded cost
     is its size x its first length), cut under --max-tokens and --batch-size by the training batcher."""
     longest = np.maximum(src_lengths, tgt_lengths)
     order = indices[np.argsort(-longest[indices], kind="stable")]
-    offsets = greedy_offsets(src_lengths[order], tgt_lengths[order], cfg.max_tokens or UNLIMITED, packed=False, max_sentences=cfg.batch_size)
+    offsets = greedy_offsets(
+        src_lengths[order],
+        tgt_lengths[order],
+        cfg.max_tokens or UNLIMITED,
+        packed=False,
+        max_sentences=cfg.batch_size,
+    )
     for start, stop in zip(offsets[:-1], offsets[1:]):
         yield order[start:stop]
 
@@ -315,11 +425,15 @@ def _batches(indices: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarr
 class Split:
     sources: list[np.ndarray]  # token ids, EOS included, in line order
     line_numbers: np.ndarray  # (N,) line of each source in the raw text (for the references)
-    reference_path: str | None  # the raw target text: the dataset's own copy, or (older datasets) the file it was made from
+    reference_path: (
+        str | None
+    )  # the raw target text: the dataset's own copy, or (older datasets) the file it was made from
     num_lines: int  # lines of the raw text the split was made from: a reference must have as many
 
 
-def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel, manifest: Manifest | None = None) -> Split:
+def load_split(
+    data_dir: str, split: str, *, src_spm: SentencePieceModel, manifest: Manifest | None = None
+) -> Split:
     """The binarized sources of a split, checked to be encoded with the checkpoint's SentencePiece model
     (otherwise the ids would mean other pieces), and where its raw reference text lies. ``manifest``:
     the dataset's, when the caller has read it already."""
@@ -336,7 +450,11 @@ def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel, manife
     if entry.reference:  # carried inside the dataset: it scores wherever the directory is
         reference_path: str | None = manifest.path(entry.reference)
     else:  # a dataset from before references were stored
-        reference_path = None if entry.input_prefix is None else resolve_text_file(entry.input_prefix, manifest.target_lang)
+        reference_path = (
+            None
+            if entry.input_prefix is None
+            else resolve_text_file(entry.input_prefix, manifest.target_lang)
+        )
     return Split(
         sources=[np.asarray(corpus.src[i], dtype=np.int64) for i in range(len(corpus))],
         line_numbers=np.asarray(corpus.line_numbers),
@@ -345,7 +463,9 @@ def load_split(data_dir: str, split: str, *, src_spm: SentencePieceModel, manife
     )
 
 
-def read_references(path: str, *, num_lines: int | None = None, line_numbers: np.ndarray | None = None) -> list[str]:
+def read_references(
+    path: str, *, num_lines: int | None = None, line_numbers: np.ndarray | None = None
+) -> list[str]:
     """Raw reference lines (split on ``\\n`` only, ``.gz`` allowed), optionally the given lines only.
 
     ``num_lines``: the line count of the source text; a reference with another count is refused (a
@@ -353,11 +473,15 @@ def read_references(path: str, *, num_lines: int | None = None, line_numbers: np
     """
     references = decode_lines(read_raw_lines(path), path=path, replace_invalid=True).lines
     if num_lines is not None and len(references) != num_lines:
-        raise ValueError(f"{path}: the reference has {len(references)} lines but the source has {num_lines}; they must align line for line")
+        raise ValueError(
+            f"{path}: the reference has {len(references)} lines but the source has {num_lines}; they must align line for line"
+        )
     if line_numbers is None:
         return references
     if len(line_numbers) and int(line_numbers.max()) >= len(references):
-        raise ValueError(f"{path}: {len(references)} lines, but the split has a sentence from line {int(line_numbers.max()) + 1}")
+        raise ValueError(
+            f"{path}: {len(references)} lines, but the split has a sentence from line {int(line_numbers.max()) + 1}"
+        )
     return [references[i] for i in line_numbers]
 
 

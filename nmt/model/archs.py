@@ -7,7 +7,8 @@ any keyword is a ``ModelConfig`` field and wins over the preset.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nmt.config import ModelConfig, option_name
 
@@ -23,7 +24,9 @@ def _preset(values: dict[str, Any], overrides: dict[str, Any]) -> ModelConfig:
 
 def _sides(**values: Any) -> dict[str, Any]:
     """Same value for encoder and decoder: ``layers=6`` -> encoder_layers=6, decoder_layers=6."""
-    return {f"{side}_{name}": value for name, value in values.items() for side in ("encoder", "decoder")}
+    return {
+        f"{side}_{name}": value for name, value in values.items() for side in ("encoder", "decoder")
+    }
 
 
 def transformer_tiny(**overrides: Any) -> ModelConfig:
@@ -52,7 +55,9 @@ def _prenorm(preset: Callable[..., ModelConfig]) -> Callable[..., ModelConfig]:
         return preset(**{**_sides(normalize_before=True), **overrides})
 
     prenorm.__name__ = f"{preset.__name__}_prenorm"
-    prenorm.__doc__ = f"{preset.__name__} with pre-norm (layer norm before each sublayer, final norm)."
+    prenorm.__doc__ = (
+        f"{preset.__name__} with pre-norm (layer norm before each sublayer, final norm)."
+    )
     return prenorm
 
 

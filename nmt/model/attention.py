@@ -73,8 +73,12 @@ def resolve_backend(name: str, *, device_type: str, attention_dropout: float = 0
     """
     key = (name, device_type, attention_dropout)
     if key not in _RESOLVED:
-        _RESOLVED[key] = _choose_backend(name, device_type=device_type, attention_dropout=attention_dropout)
-        logger.info("attention backend: %s (--attention %s, device %s)", _RESOLVED[key], name, device_type)
+        _RESOLVED[key] = _choose_backend(
+            name, device_type=device_type, attention_dropout=attention_dropout
+        )
+        logger.info(
+            "attention backend: %s (--attention %s, device %s)", _RESOLVED[key], name, device_type
+        )
     return _RESOLVED[key]
 
 
@@ -90,9 +94,13 @@ def _choose_backend(name: str, *, device_type: str, attention_dropout: float) ->
             raise ValueError(f"--attention xformers cannot run: {problem}; use --attention sdpa")
     if name == "varlen":
         if not on_cuda:
-            raise ValueError("--attention varlen needs a CUDA device (Flash Attention); use --attention sdpa")
+            raise ValueError(
+                "--attention varlen needs a CUDA device (Flash Attention); use --attention sdpa"
+            )
         if attention_dropout > 0.0:
-            raise ValueError("--attention varlen has no attention dropout; set --attention-dropout 0")
+            raise ValueError(
+                "--attention varlen has no attention dropout; set --attention-dropout 0"
+            )
     return name
 
 
@@ -133,7 +141,9 @@ class Packing:
         # One host sync for both numbers (the padded width and the consistency check).
         max_len, num_real = torch.stack([lengths.max(), lengths.sum()]).tolist()
         if num_real > num_tokens:
-            raise ValueError(f"packed batch has {num_tokens} tokens but its lengths sum to {num_real}")
+            raise ValueError(
+                f"packed batch has {num_tokens} tokens but its lengths sum to {num_real}"
+            )
         max_len = max(max_len, 1)  # a batch of empty samples keeps a width (finite, masked)
         device = lengths.device
         starts = cu_seqlens[:-1].long()  # (B,)
@@ -144,7 +154,9 @@ class Packing:
             torch.arange(lengths.shape[0], device=device), lengths, output_size=num_real
         )  # (num_real,)
         if positions is None:
-            real_positions = torch.arange(num_real, device=device) - starts[sample_of_token]  # (num_real,)
+            real_positions = (
+                torch.arange(num_real, device=device) - starts[sample_of_token]
+            )  # (num_real,)
             positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
         scatter_index = sample_of_token * max_len + positions[:num_real]
         return cls(lengths, cu_seqlens, positions, num_real, max_len, gather_index, scatter_index)
@@ -159,7 +171,9 @@ class Packing:
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, T, ...); padding slots hold arbitrary (copied) rows."""
-        return x.index_select(0, self.gather_index).view(self.num_samples, self.max_len, *x.shape[1:])
+        return x.index_select(0, self.gather_index).view(
+            self.num_samples, self.max_len, *x.shape[1:]
+        )
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...), zeros for the tail."""
@@ -176,7 +190,9 @@ def unpack(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     (a tail past the samples is dropped)."""
     packing = Packing.from_lengths(lengths, num_tokens=x.shape[0])
     valid = torch.arange(packing.max_len, device=x.device) < packing.lengths[:, None]  # (B, T)
-    return packing.pad(x).masked_fill(~valid.view(*valid.shape, *(1,) * (x.dim() - 1)), 0)  # (B, T, ...)
+    return packing.pad(x).masked_fill(
+        ~valid.view(*valid.shape, *(1,) * (x.dim() - 1)), 0
+    )  # (B, T, ...)
 
 
 @dataclass
@@ -220,12 +236,14 @@ class AttentionMask:
         key = ("sdpa", num_keys, dtype)
         if key not in self._cache:
             valid = self._key_valid(num_keys)[:, None, None, :]  # (B, 1, 1, S)
-            self._cache[key] = torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(
-                ~valid, float("-inf")
-            )
+            self._cache[key] = torch.zeros(
+                valid.shape, dtype=dtype, device=valid.device
+            ).masked_fill_(~valid, float("-inf"))
         return self._cache[key]
 
-    def xformers_bias(self, *, num_heads: int, num_queries: int, num_keys: int, dtype: torch.dtype) -> Any:
+    def xformers_bias(
+        self, *, num_heads: int, num_queries: int, num_keys: int, dtype: torch.dtype
+    ) -> Any:
         """The ``attn_bias`` for ``memory_efficient_attention`` (xformers imported by the caller)."""
         from xformers.ops import fmha
 
@@ -258,7 +276,9 @@ class AttentionMask:
         return bias
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float
+) -> torch.Tensor:
     """Scaled dot-product attention; output has the layout and shape of ``q``.
 
     q: (B, T, H, Dh) padded or (Nt, H, Dh) packed; k, v: (B, S, H, Dh) or (Ns, H, Dh).
@@ -271,7 +291,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attention
 
 
 @torch.compiler.disable
-def _packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+def _packed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float
+) -> torch.Tensor:
     """Packed (N, H, Dh) attention. Eager under torch.compile: the shapes inside depend on the number
     of samples and the longest one, so the compiled graphs around it see token counts only."""
     if mask.backend == "xformers":
@@ -279,11 +301,19 @@ def _packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: A
     if mask.backend == "varlen":
         return _varlen(q, k, v, mask)
     assert mask.q_packing is not None and mask.kv_packing is not None
-    out = _sdpa(mask.q_packing.pad(q), mask.kv_packing.pad(k), mask.kv_packing.pad(v), mask, dropout_p=dropout_p)
+    out = _sdpa(
+        mask.q_packing.pad(q),
+        mask.kv_packing.pad(k),
+        mask.kv_packing.pad(v),
+        mask,
+        dropout_p=dropout_p,
+    )
     return mask.q_packing.unpad(out)  # (Nt, H, Dh)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float
+) -> torch.Tensor:
     """Padded SDPA: (B, T, H, Dh) x (B, S, H, Dh) -> (B, T, H, Dh)."""
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),  # (B, H, T, Dh)
@@ -296,7 +326,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
     return out.transpose(1, 2)
 
 
-def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+def _xformers(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float
+) -> torch.Tensor:
     import xformers.ops as xops
 
     # xFormers takes (batch, tokens, heads, head dim): the padded layout as is, packed as batch 1
@@ -306,7 +338,9 @@ def _xformers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attention
         q = q[: mask.q_packing.num_real].unsqueeze(0)
         k = k[: mask.kv_packing.num_real].unsqueeze(0)
         v = v[: mask.kv_packing.num_real].unsqueeze(0)
-    bias = mask.xformers_bias(num_heads=q.shape[2], num_queries=q.shape[1], num_keys=k.shape[1], dtype=q.dtype)
+    bias = mask.xformers_bias(
+        num_heads=q.shape[2], num_queries=q.shape[1], num_keys=k.shape[1], dtype=q.dtype
+    )
     out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, p=dropout_p)
     return mask.q_packing.zero_tail(out.squeeze(0)) if mask.q_packing is not None else out
 

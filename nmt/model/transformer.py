@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +73,9 @@ class _CpuDropout(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, p: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, p: float
+    ) -> torch.Tensor:  # type: ignore[override]
         num_dropped_levels = round(p * 65536)
         draws = torch.randint(-(2**31), 2**31 - 1, ((x.numel() + 1) // 2,), dtype=torch.int32)
         uniform16 = draws.view(torch.int16)[: x.numel()].view(x.shape)  # uniform over [-2^15, 2^15)
@@ -85,7 +86,9 @@ class _CpuDropout(torch.autograd.Function):
         return x.mul(keep).mul_(scale)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         (keep,) = ctx.saved_tensors
         return grad.mul(keep).mul_(ctx.scale), None
 
@@ -109,7 +112,9 @@ class KeyBiasFreeLinear(nn.Linear):
     gradient; the state dict keeps the usual ``weight``/``bias`` layout.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, *, num_chunks: int, key_chunk: int, gain: float) -> None:
+    def __init__(
+        self, in_dim: int, out_dim: int, *, num_chunks: int, key_chunk: int, gain: float
+    ) -> None:
         super().__init__(in_dim, out_dim)
         for chunk in self.weight.detach().chunk(num_chunks, dim=0):
             nn.init.xavier_uniform_(chunk, gain=gain)
@@ -125,7 +130,9 @@ class KeyBiasFreeLinear(nn.Linear):
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
     """fairseq's sinusoids: (num_positions, dim), sines in the first half, cosines in the second."""
     half = dim // 2
-    freqs = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1)))
+    freqs = torch.exp(
+        torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1))
+    )
     angles = torch.arange(num_positions, dtype=torch.float)[:, None] * freqs[None, :]  # (P, half)
     table = torch.cat([angles.sin(), angles.cos()], dim=1)
     return F.pad(table, (0, dim - 2 * half))  # an odd dim gets a zero column
@@ -135,7 +142,13 @@ class Embedder(nn.Module):
     """Scaled token embeddings + positional embeddings + dropout."""
 
     def __init__(
-        self, tokens: nn.Embedding, *, max_positions: int, learned_pos: bool, scale: bool, dropout: float
+        self,
+        tokens: nn.Embedding,
+        *,
+        max_positions: int,
+        learned_pos: bool,
+        scale: bool,
+        dropout: float,
     ) -> None:
         super().__init__()
         dim = tokens.embedding_dim
@@ -146,7 +159,9 @@ class Embedder(nn.Module):
             self.positions = nn.Parameter(torch.randn(max_positions, dim) * dim**-0.5)
         else:
             # Not persistent: rebuilt from the config, so checkpoints carry no constant tables.
-            self.register_buffer("positions", sinusoidal_table(max_positions, dim), persistent=False)
+            self.register_buffer(
+                "positions", sinusoidal_table(max_positions, dim), persistent=False
+            )
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) or (N,); positions (T,) broadcast over the batch, or (N,) -> (..., D)."""
@@ -164,7 +179,9 @@ class _Attention(nn.Module):
         self.dropout = dropout
         self.out_proj = _linear(dim, dim)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
+    ) -> torch.Tensor:
         """q (..., H, Dh), k/v (..., H, Dh) -> (..., D)."""
         out = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(out.flatten(-2))
@@ -196,7 +213,9 @@ class SelfAttention(_Attention):
         # fairseq scales q/k/v init by 1/sqrt(2) when they share the input dim.
         self.qkv_proj = KeyBiasFreeLinear(dim, 3 * dim, num_chunks=3, key_chunk=1, gain=2**-0.5)
 
-    def forward(self, x: torch.Tensor, mask: AttentionMask, *, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: AttentionMask, *, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D) or (N, D); with ``cache``, x is one step (B, 1, D) and the cache grows."""
         qkv = self.qkv_proj(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # (..., 3, H, Dh)
         q, k, v = qkv.unbind(-3)  # (..., H, Dh) each
@@ -220,7 +239,9 @@ class CrossAttention(_Attention):
         k, v = kv.unbind(-3)
         return k, v
 
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
+    ) -> torch.Tensor:
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (..., H, Dh)
         return self._attend(q, k, v, mask)
 
@@ -229,7 +250,9 @@ class CrossAttention(_Attention):
         k (B, S, H, Dh) (padded layout). The attention kernels never materialise them, so they are
         recomputed here, only when asked for (alignments)."""
         assert not mask.packed, "attention weights are recorded on the padded layout"
-        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
+        q = (
+            self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+        )  # (B, H, T, Dh)
         scores = q @ k.permute(0, 2, 3, 1) * self.head_dim**-0.5  # (B, H, T, S)
         bias = mask.sdpa_mask(num_keys=k.shape[1], dtype=scores.dtype)  # (B, 1, 1, S) or None
         if bias is not None:
@@ -238,7 +261,9 @@ class CrossAttention(_Attention):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, ffn_dim: int, *, activation_fn: str, activation_dropout: float) -> None:
+    def __init__(
+        self, dim: int, ffn_dim: int, *, activation_fn: str, activation_dropout: float
+    ) -> None:
         super().__init__()
         self.fc1 = _linear(dim, ffn_dim)
         self.fc2 = _linear(ffn_dim, dim)
@@ -259,7 +284,9 @@ class Residual(nn.Module):
         self.normalize_before = normalize_before
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         if self.normalize_before:
             return x + dropout(sublayer(self.norm(x)), self.dropout, self.training)
         return self.norm(x + dropout(sublayer(x), self.dropout, self.training))
@@ -270,10 +297,15 @@ class EncoderLayer(nn.Module):
         super().__init__()
         dim = cfg.encoder_embed_dim
         residual = dict(normalize_before=cfg.encoder_normalize_before, dropout=cfg.dropout)
-        self.self_attn = SelfAttention(dim, cfg.encoder_attention_heads, dropout=cfg.attention_dropout)
+        self.self_attn = SelfAttention(
+            dim, cfg.encoder_attention_heads, dropout=cfg.attention_dropout
+        )
         self.self_attn_block = Residual(dim, **residual)
         self.ffn = FeedForward(
-            dim, cfg.encoder_ffn_embed_dim, activation_fn=cfg.activation_fn, activation_dropout=cfg.activation_dropout
+            dim,
+            cfg.encoder_ffn_embed_dim,
+            activation_fn=cfg.activation_fn,
+            activation_dropout=cfg.activation_dropout,
         )
         self.ffn_block = Residual(dim, **residual)
 
@@ -295,7 +327,10 @@ class DecoderLayer(nn.Module):
         )
         self.cross_attn_block = Residual(dim, **residual)
         self.ffn = FeedForward(
-            dim, cfg.decoder_ffn_embed_dim, activation_fn=cfg.activation_fn, activation_dropout=cfg.activation_dropout
+            dim,
+            cfg.decoder_ffn_embed_dim,
+            activation_fn=cfg.activation_fn,
+            activation_dropout=cfg.activation_dropout,
         )
         self.ffn_block = Residual(dim, **residual)
 
@@ -324,9 +359,13 @@ class Encoder(nn.Module):
             dropout=cfg.dropout,
         )
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.encoder_embed_dim) if cfg.encoder_normalize_before else None
+        self.final_norm = (
+            nn.LayerNorm(cfg.encoder_embed_dim) if cfg.encoder_normalize_before else None
+        )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: AttentionMask
+    ) -> torch.Tensor:
         """tokens (B, S) or (Ns,) -> encoder states (B, S, De) or (Ns, De)."""
         x = self.embed(tokens, positions)
         for layer in self.layers:
@@ -345,9 +384,13 @@ class Decoder(nn.Module):
             dropout=cfg.dropout,
         )
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        self.final_norm = nn.LayerNorm(cfg.decoder_embed_dim) if cfg.decoder_normalize_before else None
+        self.final_norm = (
+            nn.LayerNorm(cfg.decoder_embed_dim) if cfg.decoder_normalize_before else None
+        )
 
-    def project_cross_kv(self, encoder_out: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def project_cross_kv(
+        self, encoder_out: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's cross-attention keys/values (..., H, Dh) from the encoder states."""
         return [layer.cross_attn.project_kv(encoder_out) for layer in self.layers]
 
@@ -365,7 +408,9 @@ class Decoder(nn.Module):
         x = self.embed(tokens, positions)
         for index, layer in enumerate(self.layers):
             cache = None if caches is None else caches[index]
-            x = layer(x, self_mask=self_mask, cross_kv=cross_kv[index], cross_mask=cross_mask, cache=cache)
+            x = layer(
+                x, self_mask=self_mask, cross_kv=cross_kv[index], cross_mask=cross_mask, cache=cache
+            )
         return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -398,7 +443,9 @@ class DecoderState:
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select/expand batch rows in place (``index_select`` over batch*beam on every cache)."""
-        self.cross_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv]
+        self.cross_kv = [
+            (k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv
+        ]
         self.cross_mask = self.cross_mask.index_select(index)
         self.reorder_beams(index)
 
@@ -436,11 +483,17 @@ def packed_masks(
     collate already made, when given). A compiled model gets them from outside (``masks=``): their
     sizes vary with the number of samples, and the compiled graphs must see token counts only (a
     tensor argument of varying size would be a recompile)."""
-    src = Packing.from_lengths(src_lengths, num_tokens=num_src, cu_seqlens=src_cu_seqlens, positions=src_positions)
-    tgt = Packing.from_lengths(tgt_lengths, num_tokens=num_tgt, cu_seqlens=tgt_cu_seqlens, positions=tgt_positions)
+    src = Packing.from_lengths(
+        src_lengths, num_tokens=num_src, cu_seqlens=src_cu_seqlens, positions=src_positions
+    )
+    tgt = Packing.from_lengths(
+        tgt_lengths, num_tokens=num_tgt, cu_seqlens=tgt_cu_seqlens, positions=tgt_positions
+    )
     return PackedMasks(
         encoder=AttentionMask(backend, key_lengths=src.lengths, q_packing=src, kv_packing=src),
-        decoder_self=AttentionMask(backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt),
+        decoder_self=AttentionMask(
+            backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt
+        ),
         cross=AttentionMask(backend, key_lengths=src.lengths, q_packing=tgt, kv_packing=src),
         src_positions=src.positions,
         tgt_positions=tgt.positions,
@@ -463,12 +516,16 @@ class TransformerModel(nn.Module):
         if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
             self.output_projection.weight = decoder_tokens.weight
         else:
-            nn.init.normal_(self.output_projection.weight, mean=0.0, std=cfg.decoder_embed_dim**-0.5)
+            nn.init.normal_(
+                self.output_projection.weight, mean=0.0, std=cfg.decoder_embed_dim**-0.5
+            )
 
     def backend(self, device: torch.device) -> str:
         """The attention backend that runs on ``device`` (resolved and logged once)."""
         return resolve_backend(
-            self.cfg.attention, device_type=device.type, attention_dropout=self.cfg.attention_dropout
+            self.cfg.attention,
+            device_type=device.type,
+            attention_dropout=self.cfg.attention_dropout,
         )
 
     def forward(
@@ -496,7 +553,9 @@ class TransformerModel(nn.Module):
         backend = self.backend(src_tokens.device)
         if not packed:
             encoder_out = self.encode(src_tokens, src_lengths)
-            positions = torch.arange(prev_output_tokens.shape[1], device=prev_output_tokens.device)  # (T,)
+            positions = torch.arange(
+                prev_output_tokens.shape[1], device=prev_output_tokens.device
+            )  # (T,)
             return self.decoder(
                 prev_output_tokens,
                 positions,
@@ -506,9 +565,15 @@ class TransformerModel(nn.Module):
             )
         if masks is None:
             masks = packed_masks(
-                backend, src_lengths, tgt_lengths, num_src=src_tokens.shape[0], num_tgt=prev_output_tokens.shape[0],
-                src_cu_seqlens=src_cu_seqlens, tgt_cu_seqlens=tgt_cu_seqlens,
-                src_positions=src_positions, tgt_positions=tgt_positions,
+                backend,
+                src_lengths,
+                tgt_lengths,
+                num_src=src_tokens.shape[0],
+                num_tgt=prev_output_tokens.shape[0],
+                src_cu_seqlens=src_cu_seqlens,
+                tgt_cu_seqlens=tgt_cu_seqlens,
+                src_positions=src_positions,
+                tgt_positions=tgt_positions,
             )
         encoder_states = self.encoder(src_tokens, masks.src_positions, masks.encoder)  # (Ns, De)
         return self.decoder(
@@ -531,8 +596,12 @@ class TransformerModel(nn.Module):
         num_samples = states.shape[0]
         caches = [
             KVCache(
-                states.new_empty(num_samples, 0, layer.self_attn.num_heads, layer.self_attn.head_dim),
-                states.new_empty(num_samples, 0, layer.self_attn.num_heads, layer.self_attn.head_dim),
+                states.new_empty(
+                    num_samples, 0, layer.self_attn.num_heads, layer.self_attn.head_dim
+                ),
+                states.new_empty(
+                    num_samples, 0, layer.self_attn.num_heads, layer.self_attn.head_dim
+                ),
             )
             for layer in self.decoder.layers
         ]
@@ -545,7 +614,9 @@ class TransformerModel(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
         """Next-token logits (B, V) after feeding ``tokens`` (B,) at the current step; advances ``state``."""
-        positions = torch.full((1,), state.num_steps, dtype=torch.long, device=tokens.device)  # (1,)
+        positions = torch.full(
+            (1,), state.num_steps, dtype=torch.long, device=tokens.device
+        )  # (1,)
         hidden = self.decoder(
             tokens[:, None],
             positions,
@@ -566,7 +637,10 @@ class TransformerModel(nn.Module):
         recorded: list[torch.Tensor] = []
         cross_attn = self.decoder.layers[-1].cross_attn
 
-        def record(module: CrossAttention, args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMask]) -> None:
+        def record(
+            module: CrossAttention,
+            args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMask],
+        ) -> None:
             x, k, _, mask = args
             recorded.append(module.weights(x, k, mask))
 

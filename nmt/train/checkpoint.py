@@ -33,15 +33,20 @@ from nmt.checkpoint_io import (
     numbered_checkpoints,
     numbered_name,
 )
+from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
+from nmt.data.manifest import Manifest
+from nmt.fileio import (
+    describe_os_error,
+    exclusive_lock,
+    remove_stale_temporaries,
+    temporary_sibling,
+)
+
+logger = logging.getLogger(__name__)
 
 # Numbered checkpoints of each kind, for --keep-last-epochs and --keep-interval-updates.
 EPOCH_CHECKPOINT = re.compile(r"checkpoint\d+\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_\d+\.pt")
-from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
-from nmt.data.manifest import Manifest
-from nmt.fileio import describe_os_error, exclusive_lock, remove_stale_temporaries, temporary_sibling
-
-logger = logging.getLogger(__name__)
 
 
 def rng_state() -> dict[str, Any]:
@@ -49,8 +54,12 @@ def rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
     }
     if torch.cuda.is_available():
@@ -61,7 +70,15 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
@@ -95,43 +112,78 @@ IDENTITY_RESETS = {
 MODEL_OPTIONS_FREE_TO_CHANGE = ("dropout", "attention_dropout", "activation_dropout", "attention")
 
 
-def run_identity(cfg: TrainConfig, model_cfg: ModelConfig, manifest: Manifest) -> dict[str, dict[str, Any]]:
+def run_identity(
+    cfg: TrainConfig, model_cfg: ModelConfig, manifest: Manifest
+) -> dict[str, dict[str, Any]]:
     """The options and data a checkpoint's state belongs to, grouped as ``IDENTITY_RESETS``."""
     spm_files = sorted({manifest.spm.src_model, manifest.spm.tgt_model})
     prefixes = {
-        side.prefix + "." for split in cfg.data.train_subsets for part in manifest.split(split).parts for side in (part.src, part.tgt)
+        side.prefix + "."
+        for split in cfg.data.train_subsets
+        for part in manifest.split(split).parts
+        for side in (part.src, part.tgt)
     }
-    train_files = sorted(name for name in manifest.checksums if any(name.startswith(prefix) for prefix in prefixes))
+    train_files = sorted(
+        name for name in manifest.checksums if any(name.startswith(prefix) for prefix in prefixes)
+    )
     batching = {option_name(k): v for k, v in to_dict(cfg.data.batching).items()}
-    for name in ("train_subsets", "subset_weights", "sampling_temperature", "epoch_samples", "curriculum"):
+    for name in (
+        "train_subsets",
+        "subset_weights",
+        "sampling_temperature",
+        "epoch_samples",
+        "curriculum",
+    ):
         batching[option_name(name)] = to_dict(cfg.data)[name]
     batching["--seed"] = cfg.run.seed
     optim = to_dict(cfg.optim)
     return {
         "vocabulary": {
             "languages": f"{manifest.source_lang}-{manifest.target_lang}",
-            **{f"SentencePiece model {name}": manifest.checksums.get(name, "?") for name in spm_files},
+            **{
+                f"SentencePiece model {name}": manifest.checksums.get(name, "?")
+                for name in spm_files
+            },
         },
         "model": {
-            option_name(k): v for k, v in to_dict(model_cfg).items() if k not in MODEL_OPTIONS_FREE_TO_CHANGE
+            option_name(k): v
+            for k, v in to_dict(model_cfg).items()
+            if k not in MODEL_OPTIONS_FREE_TO_CHANGE
         },
         "training data": {
             **{f"{name}": manifest.checksums.get(name, "?") for name in train_files},
-            **{f"samples in {split}": manifest.split(split).num_samples for split in cfg.data.train_subsets},
+            **{
+                f"samples in {split}": manifest.split(split).num_samples
+                for split in cfg.data.train_subsets
+            },
         },
         "batch sequence": batching,
-        "optimizer": {option_name(k): optim[k] for k in ("optimizer", "adam_betas", "adam_eps", "weight_decay")},
+        "optimizer": {
+            option_name(k): optim[k]
+            for k in ("optimizer", "adam_betas", "adam_eps", "weight_decay")
+        },
         "learning-rate schedule": {
-            **{option_name(k): optim[k] for k in (
-                "lr", "lr_scheduler", "warmup_updates", "warmup_init_lr", "min_lr", "lr_scaling",
-                "lr_scaling_reference", "lr_scaling_by",
-            )},
+            **{
+                option_name(k): optim[k]
+                for k in (
+                    "lr",
+                    "lr_scheduler",
+                    "warmup_updates",
+                    "warmup_init_lr",
+                    "min_lr",
+                    "lr_scaling",
+                    "lr_scaling_reference",
+                    "lr_scaling_by",
+                )
+            },
             "--max-update": cfg.run.max_update if cfg.optim.lr_scheduler == "cosine" else None,
         },
     }
 
 
-def identity_differences(saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+def identity_differences(
+    saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]
+) -> dict[str, list[str]]:
     """Per group, one line per item that differs: ``--max-tokens: 4096 in the checkpoint, 2048 now``."""
     differences: dict[str, list[str]] = {}
     for group, items in current.items():
@@ -139,7 +191,9 @@ def identity_differences(saved: dict[str, dict[str, Any]], current: dict[str, di
         for item in sorted(set(items) | set(before)):
             old, new = before.get(item, "(none)"), items.get(item, "(none)")
             if _plain(old) != _plain(new):
-                differences.setdefault(group, []).append(f"{item}: {old!r} in the checkpoint, {new!r} now")
+                differences.setdefault(group, []).append(
+                    f"{item}: {old!r} in the checkpoint, {new!r} now"
+                )
     return differences
 
 
@@ -147,11 +201,15 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def check_identity(path: str, saved: dict[str, Any] | None, current: dict[str, Any], cfg: CheckpointConfig) -> None:
+def check_identity(
+    path: str, saved: dict[str, Any] | None, current: dict[str, Any], cfg: CheckpointConfig
+) -> None:
     """ValueError listing, one line per item, what differs between ``path``'s run and this one and
     no --reset-* flag of ``cfg`` accepts."""
     if saved is None:
-        logger.warning("%s records no run identity (an older checkpoint): options not checked", path)
+        logger.warning(
+            "%s records no run identity (an older checkpoint): options not checked", path
+        )
         return
     accepted = {
         "--reset-dataloader": cfg.reset_dataloader,
@@ -168,7 +226,8 @@ def check_identity(path: str, saved: dict[str, Any] | None, current: dict[str, A
         refused += [f"  {group}: {line} ({advice})" for line in lines]
     if refused:
         raise ValueError(
-            f"{path}: cannot resume: the checkpoint's run differs from this one:\n" + "\n".join(refused)
+            f"{path}: cannot resume: the checkpoint's run differs from this one:\n"
+            + "\n".join(refused)
             + "\nuse the checkpoint's options, a new --save-dir, or the --reset-* flag named"
         )
 
@@ -184,9 +243,13 @@ def lock_save_dir(save_dir: str, *, is_main: bool) -> contextlib.ExitStack:
     if is_main:
         try:
             os.makedirs(save_dir, exist_ok=True)
-            held.enter_context(exclusive_lock(os.path.join(save_dir, LOCK_NAME), what=f"--save-dir {save_dir}"))
+            held.enter_context(
+                exclusive_lock(os.path.join(save_dir, LOCK_NAME), what=f"--save-dir {save_dir}")
+            )
         except (ValueError, OSError) as error:
-            problem = str(describe_os_error(error, save_dir) if isinstance(error, OSError) else error)
+            problem = str(
+                describe_os_error(error, save_dir) if isinstance(error, OSError) else error
+            )
     problem = dist.broadcast_object(problem)
     if problem is not None:
         raise ValueError(problem)
@@ -215,10 +278,18 @@ def _git_revision() -> str | None:
     source = os.path.dirname(os.path.abspath(__file__))
     try:
         result = subprocess.run(
-            ["git", "-C", source, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ["git", "-C", source, "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         )
-        dirty = subprocess.run(["git", "-C", source, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", source, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() + ("-dirty" if dirty else "")
@@ -237,17 +308,25 @@ class Checkpointer:
             for name in remove_stale_temporaries(self.cfg.save_dir):
                 logger.info("removed %s, left by a save that was killed", name)
 
-    def names(self, *, epoch: int, num_updates: int, end_of_epoch: bool, is_best: bool, last: bool = True) -> list[str]:
+    def names(
+        self, *, epoch: int, num_updates: int, end_of_epoch: bool, is_best: bool, last: bool = True
+    ) -> list[str]:
         """The files this save writes (the first is written, the others are links to it); ``epoch``
         1-based, as the logs count: the epoch that ended, or the one in progress."""
         names = [LAST] if last else []
         numbered = (
-            end_of_epoch and not self.cfg.no_epoch_checkpoints and epoch % self.cfg.save_interval == 0
+            end_of_epoch
+            and not self.cfg.no_epoch_checkpoints
+            and epoch % self.cfg.save_interval == 0
         ) or (
-            not end_of_epoch and self.cfg.save_interval_updates > 0 and num_updates % self.cfg.save_interval_updates == 0
+            not end_of_epoch
+            and self.cfg.save_interval_updates > 0
+            and num_updates % self.cfg.save_interval_updates == 0
         )
         if numbered:
-            names.insert(0, numbered_name(epoch=epoch, num_updates=num_updates, end_of_epoch=end_of_epoch))
+            names.insert(
+                0, numbered_name(epoch=epoch, num_updates=num_updates, end_of_epoch=end_of_epoch)
+            )
         if is_best:
             names.append(BEST)
         return names
@@ -263,7 +342,12 @@ class Checkpointer:
             for name in names[1:]:
                 _link_atomically(first, os.path.join(self.cfg.save_dir, name), checkpoint)
             self.rotate()
-            logger.info("saved %s at update %d (%.2fs)", ", ".join(names), state["num_updates"], time.perf_counter() - started)
+            logger.info(
+                "saved %s at update %d (%.2fs)",
+                ", ".join(names),
+                state["num_updates"],
+                time.perf_counter() - started,
+            )
         dist.barrier()
 
     def rotate(self) -> list[str]:
@@ -271,8 +355,11 @@ class Checkpointer:
         --keep-last-epochs and --keep-interval-updates."""
         numbered = numbered_checkpoints(self.cfg.save_dir)  # newest first
         stale: set[str] = set()
-        for kind, keep in ((None, self.cfg.keep_last), (EPOCH_CHECKPOINT, self.cfg.keep_last_epochs),
-                           (UPDATE_CHECKPOINT, self.cfg.keep_interval_updates)):
+        for kind, keep in (
+            (None, self.cfg.keep_last),
+            (EPOCH_CHECKPOINT, self.cfg.keep_last_epochs),
+            (UPDATE_CHECKPOINT, self.cfg.keep_interval_updates),
+        ):
             if keep >= 0:
                 paths = [p for p in numbered if kind is None or kind.fullmatch(os.path.basename(p))]
                 stale.update(paths[keep:])

@@ -74,7 +74,9 @@ def compile_for_shapes(
     try:
         compiled = torch.compile(wrapped, dynamic=False, mode=mode)
     except Exception as error:  # the platform cannot compile at all
-        raise RuntimeError(f"--compile: torch.compile is not available here ({error}); run without --compile") from None
+        raise RuntimeError(
+            f"--compile: torch.compile is not available here ({error}); run without --compile"
+        ) from None
     started = time.perf_counter()
     wrapped.train()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -86,5 +88,9 @@ def compile_for_shapes(
         parameter.grad = None
     result = CompiledModel(compiled, static, compiled_frames(), time.perf_counter() - started)
     torch.compiler.set_stance("fail_on_recompile")
-    logger.info("compiled %d shapes in %.1fs; recompiles are now an error", len(static.shapes), result.warmup_seconds)
+    logger.info(
+        "compiled %d shapes in %.1fs; recompiles are now an error",
+        len(static.shapes),
+        result.warmup_seconds,
+    )
     return result

@@ -19,8 +19,8 @@ from nmt.checkpoint_io import load_checkpoint, tensor_to_bytes
 from nmt.config import ModelConfig, from_dict
 from nmt.data.batching import greedy_offsets
 from nmt.data.collate import Sample, collate
-from nmt.data.manifest import Manifest
 from nmt.data.difficulty import DifficultyScorer
+from nmt.data.manifest import Manifest
 from nmt.data.plan import truncate
 from nmt.data.spm import BOS_ID, PAD_ID
 from nmt.model import build_model
@@ -38,8 +38,12 @@ def checkpoint_scorer(path: str, *, manifest: Manifest, device: torch.device) ->
     for side, name in (("src", manifest.spm.src_model), ("tgt", manifest.spm.tgt_model)):
         with open(manifest.path(name), "rb") as handle:
             if tensor_to_bytes(state["vocab"][f"{side}_spm"]) != handle.read():
-                raise ValueError(f"{option}: the checkpoint's vocabulary is not {manifest.path(name)}; score with a model of this dataset")
-    model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto", dropout=0.0)
+                raise ValueError(
+                    f"{option}: the checkpoint's vocabulary is not {manifest.path(name)}; score with a model of this dataset"
+                )
+    model_cfg = dataclasses.replace(
+        from_dict(ModelConfig, state["model_config"]), attention="auto", dropout=0.0
+    )
     model = build_model(model_cfg)
     model.load_state_dict(state["model"])
     model.to(device).eval()
@@ -54,11 +58,20 @@ def checkpoint_scorer(path: str, *, manifest: Manifest, device: torch.device) ->
         scores = np.empty(len(pairs), dtype=np.float64)
         for start, stop in zip(offsets[:-1], offsets[1:]):
             indices = order[start:stop]
-            batch = collate([pairs[i] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, layout="padded")
+            batch = collate(
+                [pairs[i] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, layout="padded"
+            )
             batch = {k: v.to(device) for k, v in batch.items()}
-            hidden = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"], batch["tgt_lengths"])
+            hidden = model(
+                batch["src_tokens"],
+                batch["src_lengths"],
+                batch["prev_output_tokens"],
+                batch["tgt_lengths"],
+            )
             logits = model.output_projection(hidden).float()  # (B, T, V)
-            nll = F.cross_entropy(logits.transpose(1, 2), batch["target"], ignore_index=PAD_ID, reduction="none")  # (B, T)
+            nll = F.cross_entropy(
+                logits.transpose(1, 2), batch["target"], ignore_index=PAD_ID, reduction="none"
+            )  # (B, T)
             per_token = nll.sum(1) / batch["tgt_lengths"].clamp(min=1)
             scores[indices] = per_token.double().cpu().numpy()
         return scores

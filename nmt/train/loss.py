@@ -70,11 +70,22 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
-        return (grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype), None, None, None
+        return (
+            (grad_hidden * grad_loss).to(hidden_dtype),
+            (grad_weight * grad_loss).to(weight_dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def linear_label_smoothed_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, epsilon: float, chunk_rows: int = CHUNK_ROWS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    epsilon: float,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss sum, nll sum) of ``hidden @ weight.T`` against ``target``, computed in fp32.
 

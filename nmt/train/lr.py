@@ -25,17 +25,25 @@ def warmup_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -
 
 def inverse_sqrt_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
     """Warm-up, then decay with 1/sqrt(step)."""
-    warming = warmup_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    warming = warmup_factor(
+        step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
+    )
     return warming if warming is not None else math.sqrt(max(warmup_updates, 1) / max(step, 1))
 
 
 def fixed_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) -> float:
-    warming = warmup_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+    warming = warmup_factor(
+        step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
+    )
     return warming if warming is not None else 1.0
 
 
-def cosine_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float) -> float:
-    warming = warmup_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+def cosine_factor(
+    step: int, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float
+) -> float:
+    warming = warmup_factor(
+        step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
+    )
     if warming is not None:
         return warming
     progress = min(1.0, (step - warmup_updates) / max(1, max_update - warmup_updates))
@@ -43,17 +51,31 @@ def cosine_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float, m
 
 
 def schedule_factor(
-    name: str, *, lr: float, warmup_updates: int, warmup_init_lr: float, max_update: int = 0, min_lr: float = 0.0
+    name: str,
+    *,
+    lr: float,
+    warmup_updates: int,
+    warmup_init_lr: float,
+    max_update: int = 0,
+    min_lr: float = 0.0,
 ) -> Callable[[int], float]:
     """The multiplier of ``lr`` at each update, for LambdaLR."""
     warmup_init_ratio = min(1.0, warmup_init_lr / lr)
     if name == "inverse_sqrt":
-        return lambda step: inverse_sqrt_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+        return lambda step: inverse_sqrt_factor(
+            step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
+        )
     if name == "fixed":
-        return lambda step: fixed_factor(step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio)
+        return lambda step: fixed_factor(
+            step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
+        )
     if name == "cosine":
         return lambda step: cosine_factor(
-            step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio, max_update=max_update, min_ratio=min_lr / lr
+            step,
+            warmup_updates=warmup_updates,
+            warmup_init_ratio=warmup_init_ratio,
+            max_update=max_update,
+            min_ratio=min_lr / lr,
         )
     raise ValueError(f"--lr-scheduler: unknown schedule {name!r}")
 
@@ -80,7 +102,9 @@ class VariableBatchSizeLR:
     With ``reference=0`` the first update's batch size becomes the reference (saved in the state).
     """
 
-    def __init__(self, base: torch.optim.lr_scheduler.LRScheduler, *, rule: str, reference: float = 0.0) -> None:
+    def __init__(
+        self, base: torch.optim.lr_scheduler.LRScheduler, *, rule: str, reference: float = 0.0
+    ) -> None:
         batch_size_scale(1.0, reference=1.0, rule=rule)  # validates the rule name
         self.base = base
         self.optimizer = base.optimizer
@@ -98,7 +122,9 @@ class VariableBatchSizeLR:
             group["lr"] = base_lr
         with warnings.catch_warnings():
             # Stepping before optimizer.step() is deliberate: the lr must be set for *this* update.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            warnings.filterwarnings(
+                "ignore", message=r"Detected call of `lr_scheduler.step\(\)` before"
+            )
             self.base.step()
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.last_scale = batch_size_scale(batch_size, reference=self.reference, rule=self.rule)
@@ -115,7 +141,9 @@ class VariableBatchSizeLR:
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base_lr
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            warnings.filterwarnings(
+                "ignore", message=r"Detected call of `lr_scheduler.step\(\)` before"
+            )
             for _ in range(num_updates):
                 self.base.step()
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
@@ -123,7 +151,12 @@ class VariableBatchSizeLR:
             group["lr"] = base_lr * self.last_scale
 
     def state_dict(self) -> dict[str, Any]:
-        return {"base": self.base.state_dict(), "reference": self.reference, "base_lrs": list(self.base_lrs), "last_scale": self.last_scale}
+        return {
+            "base": self.base.state_dict(),
+            "reference": self.reference,
+            "base_lrs": list(self.base_lrs),
+            "last_scale": self.last_scale,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base.load_state_dict(state["base"])
@@ -150,6 +183,13 @@ def build_scheduler(
 
     LambdaLR evaluates factor(0) at construction; the first ``step`` moves to update 1.
     """
-    factor = schedule_factor(name, lr=lr, warmup_updates=warmup_updates, warmup_init_lr=warmup_init_lr, max_update=max_update, min_lr=min_lr)
+    factor = schedule_factor(
+        name,
+        lr=lr,
+        warmup_updates=warmup_updates,
+        warmup_init_lr=warmup_init_lr,
+        max_update=max_update,
+        min_lr=min_lr,
+    )
     base = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return VariableBatchSizeLR(base, rule=scaling, reference=scaling_reference)

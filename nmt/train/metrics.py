@@ -25,14 +25,20 @@ class MetricsLog:
         if enabled and cfg.log_file:
             # Every log line of the run goes there too (the records and the messages).
             handler = logging.FileHandler(cfg.log_file, encoding="utf-8")
-            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+            )
             logging.getLogger().addHandler(handler)
             self.log_file = handler
         if tensorboard and cfg.tensorboard_logdir:
             try:
-                from torch.utils.tensorboard import SummaryWriter  # lazy: slow to import, rarely needed
+                from torch.utils.tensorboard import (
+                    SummaryWriter,  # lazy: slow to import, rarely needed
+                )
             except ImportError:  # an optional dependency (the tensorboard extra)
-                raise ValueError("--tensorboard-logdir: the tensorboard package is not installed (pip install 'nmt[tensorboard]')") from None
+                raise ValueError(
+                    "--tensorboard-logdir: the tensorboard package is not installed (pip install 'nmt[tensorboard]')"
+                ) from None
 
             self.writer = SummaryWriter(cfg.tensorboard_logdir)
         self._window = _Window()
@@ -50,22 +56,33 @@ class MetricsLog:
                 self.log_file.stream.write(line + "\n")
                 self.log_file.flush()
         else:
-            text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+            text = " | ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+            )
             logger.info("%s | %s", prefix, text)
         if self.writer is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):
                     self.writer.add_scalar(f"{prefix}/{key}", value, update)
 
-    def record_update(self, stats: UpdateStats, *, update: int, epoch: int, extra: dict[str, Any]) -> dict[str, Any] | None:
+    def record_update(
+        self, stats: UpdateStats, *, update: int, epoch: int, extra: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """Count the update into the window; every --log-interval updates, log and return the record."""
         self._window.add(stats)
         if update % self.cfg.log_interval:
             return None
         values = {
-            "loss": stats.loss, "nll": stats.nll, "ppl": 2**stats.nll, "lr": stats.lr,
-            "ntokens": stats.ntokens, "nsentences": stats.nsentences, "wps": self._window.words_per_second(),
-            "gnorm": stats.grad_norm, "padding_ratio": self._window.padding_ratio(), **extra,
+            "loss": stats.loss,
+            "nll": stats.nll,
+            "ppl": 2**stats.nll,
+            "lr": stats.lr,
+            "ntokens": stats.ntokens,
+            "nsentences": stats.nsentences,
+            "wps": self._window.words_per_second(),
+            "gnorm": stats.grad_norm,
+            "padding_ratio": self._window.padding_ratio(),
+            **extra,
         }
         self.log(values, prefix="train", update=update, epoch=epoch)
         self._window = _Window()

@@ -43,7 +43,10 @@ class UpdateStats:
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
 
 
 class UpdateStep:
@@ -59,47 +62,79 @@ class UpdateStep:
     ) -> None:
         self.model = model  # the module itself: its state dict, its parameters
         self.wrapped = wrapped  # DDP over several ranks (its no_sync), else the module
-        self.runner: torch.nn.Module = wrapped  # what runs the training forward: ``wrapped``, or it compiled
+        self.runner: torch.nn.Module = (
+            wrapped  # what runs the training forward: ``wrapped``, or it compiled
+        )
         self.cfg = cfg
         self.device = device
         self.precision = precision
         # Adam with decoupled weight decay, as fairseq's adam; fused: one kernel over all parameters
         # instead of ~10 elementwise ops per tensor.
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay, fused=True,
+            model.parameters(),
+            lr=cfg.lr,
+            betas=tuple(cfg.adam_betas),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            fused=True,
         )
         self.scheduler: VariableBatchSizeLR = build_scheduler(
-            self.optimizer, name=cfg.lr_scheduler, lr=cfg.lr, warmup_updates=cfg.warmup_updates,
-            warmup_init_lr=cfg.warmup_init_lr, max_update=max_update, min_lr=cfg.min_lr,
-            scaling=cfg.lr_scaling, scaling_reference=cfg.lr_scaling_reference,
+            self.optimizer,
+            name=cfg.lr_scheduler,
+            lr=cfg.lr,
+            warmup_updates=cfg.warmup_updates,
+            warmup_init_lr=cfg.warmup_init_lr,
+            max_update=max_update,
+            min_lr=cfg.min_lr,
+            scaling=cfg.lr_scaling,
+            scaling_reference=cfg.lr_scaling_reference,
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == torch.float16)
         self.consecutive_nonfinite = 0
         self.skipped_updates = 0
 
     # ----------------------------------------------------------------------------- forward
-    def forward_loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_loss(
+        self, model: torch.nn.Module, batch: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss sum, nll sum) over the real target tokens of one micro-batch (already on the device)."""
         extra: dict[str, Any] = {}
         if "src_cu_seqlens" in batch:  # packed
             # Built here, eager: a compiled model sees token counts only, never the per-sample sizes.
             masks = packed_masks(
-                self.model.backend(self.device), batch["src_lengths"], batch["tgt_lengths"],
-                num_src=batch["src_tokens"].shape[0], num_tgt=batch["prev_output_tokens"].shape[0],
-                src_cu_seqlens=batch["src_cu_seqlens"], tgt_cu_seqlens=batch["tgt_cu_seqlens"],
-                src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
+                self.model.backend(self.device),
+                batch["src_lengths"],
+                batch["tgt_lengths"],
+                num_src=batch["src_tokens"].shape[0],
+                num_tgt=batch["prev_output_tokens"].shape[0],
+                src_cu_seqlens=batch["src_cu_seqlens"],
+                tgt_cu_seqlens=batch["tgt_cu_seqlens"],
+                src_positions=batch["src_positions"],
+                tgt_positions=batch["tgt_positions"],
             )
             extra = dict(packed=True, masks=masks)
-        autocast = torch.autocast(self.device.type, dtype=self.precision) if self.precision else contextlib.nullcontext()
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.precision)
+            if self.precision
+            else contextlib.nullcontext()
+        )
         with autocast:
             # With masks, a packed forward needs no lengths (and must not get them: see above).
-            src_lengths, tgt_lengths = (None, None) if extra else (batch["src_lengths"], batch["tgt_lengths"])
-            hidden = model(batch["src_tokens"], src_lengths, batch["prev_output_tokens"], tgt_lengths, **extra)
+            src_lengths, tgt_lengths = (
+                (None, None) if extra else (batch["src_lengths"], batch["tgt_lengths"])
+            )
+            hidden = model(
+                batch["src_tokens"], src_lengths, batch["prev_output_tokens"], tgt_lengths, **extra
+            )
         target = batch["target"]
-        real = target != PAD_ID  # project only real positions: the 8k-way output is the costliest op
+        real = (
+            target != PAD_ID
+        )  # project only real positions: the 8k-way output is the costliest op
         return linear_label_smoothed_cross_entropy(
-            hidden[real], self.model.output_projection.weight, target[real], epsilon=self.cfg.label_smoothing
+            hidden[real],
+            self.model.output_projection.weight,
+            target[real],
+            epsilon=self.cfg.label_smoothing,
         )
 
     # ----------------------------------------------------------------------------- the update
@@ -118,16 +153,26 @@ class UpdateStep:
             if not micro.dummy:
                 padded = batch["src_tokens"].numel() + batch["target"].numel()
                 real = batch["src_lengths"].sum() + batch["tgt_lengths"].sum()
-                sums += torch.tensor([loss.item(), nll.item(), float(padded), float(real)], dtype=torch.float64)
+                sums += torch.tensor(
+                    [loss.item(), nll.item(), float(padded), float(real)], dtype=torch.float64
+                )
         dist.all_reduce_sum(sums)
-        batch_size = update.num_sentences if self.cfg.lr_scaling_by == "sentences" else update.num_tokens
+        batch_size = (
+            update.num_sentences if self.cfg.lr_scaling_by == "sentences" else update.num_tokens
+        )
         lr = self.scheduler.step(batch_size)[0]
         grad_norm, skipped = self._step(loss_is_finite=math.isfinite(float(sums[0])))
         tokens = max(update.num_tokens, 1)
         return UpdateStats(
-            loss=float(sums[0]) / tokens / math.log(2), nll=float(sums[1]) / tokens / math.log(2),
-            ntokens=update.num_tokens, nsentences=update.num_sentences, grad_norm=grad_norm, lr=lr,
-            padded_tokens=int(sums[2]), real_tokens=int(sums[3]), skipped=skipped,
+            loss=float(sums[0]) / tokens / math.log(2),
+            nll=float(sums[1]) / tokens / math.log(2),
+            ntokens=update.num_tokens,
+            nsentences=update.num_sentences,
+            grad_norm=grad_norm,
+            lr=lr,
+            padded_tokens=int(sums[2]),
+            real_tokens=int(sums[3]),
+            skipped=skipped,
         )
 
     def _step(self, *, loss_is_finite: bool) -> tuple[float, bool]:
@@ -137,13 +182,19 @@ class UpdateStep:
         if self.cfg.clip_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm))
         else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+            grad_norm = float(
+                torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+                )
+            )
         skipped = False
         if self.scaler.is_enabled():
             scale_before = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            skipped = self.scaler.get_scale() < scale_before  # overflow: step skipped, scale lowered
+            skipped = (
+                self.scaler.get_scale() < scale_before
+            )  # overflow: step skipped, scale lowered
         elif math.isfinite(grad_norm) and loss_is_finite:
             self.optimizer.step()
             self.consecutive_nonfinite = 0
@@ -151,7 +202,11 @@ class UpdateStep:
             skipped = True
             self.consecutive_nonfinite += 1
             self.skipped_updates += 1
-            logger.warning("non-finite loss or gradient (grad norm %s): update skipped (%d in a row)", grad_norm, self.consecutive_nonfinite)
+            logger.warning(
+                "non-finite loss or gradient (grad norm %s): update skipped (%d in a row)",
+                grad_norm,
+                self.consecutive_nonfinite,
+            )
             if self.consecutive_nonfinite >= self.cfg.max_consecutive_nonfinite:
                 raise RuntimeError(
                     f"{self.consecutive_nonfinite} consecutive updates with a non-finite loss or gradient: "
@@ -168,7 +223,10 @@ class UpdateStep:
         for cpu_batch in batches:
             batch = to_device(cpu_batch, self.device)
             loss, nll = self.forward_loss(self.model, batch)
-            sums += torch.tensor([loss.item(), nll.item(), float((batch["target"] != PAD_ID).sum())], dtype=torch.float64)
+            sums += torch.tensor(
+                [loss.item(), nll.item(), float((batch["target"] != PAD_ID).sum())],
+                dtype=torch.float64,
+            )
         dist.all_reduce_sum(sums)
         tokens = max(float(sums[2]), 1.0)
         return float(sums[0]) / tokens / math.log(2), float(sums[1]) / tokens / math.log(2)
@@ -182,7 +240,14 @@ class UpdateStep:
             "skipped_updates": self.skipped_updates,
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, optimizer: bool = True, lr_scheduler: bool = True, num_updates: int = 0) -> None:
+    def load_state_dict(
+        self,
+        state: dict[str, Any],
+        *,
+        optimizer: bool = True,
+        lr_scheduler: bool = True,
+        num_updates: int = 0,
+    ) -> None:
         """``optimizer=False``: keep the fresh optimizer (--reset-optimizer); ``lr_scheduler=False``:
         keep the fresh schedule, moved on to ``num_updates`` (--reset-lr-scheduler)."""
         if optimizer:

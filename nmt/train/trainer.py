@@ -20,12 +20,12 @@ import torch
 from tqdm import tqdm
 
 from nmt import dist
+from nmt.checkpoint_io import BEST, LAST
 from nmt.config import ModelConfig, TrainConfig, to_dict
-from nmt.data.manifest import Manifest
 from nmt.data.difficulty import DifficultyScorer
+from nmt.data.manifest import Manifest
 from nmt.data.plan import TrainingDataPlan
 from nmt.model import build_model
-from nmt.checkpoint_io import BEST, LAST
 from nmt.train.checkpoint import (
     Checkpointer,
     check_identity,
@@ -99,9 +99,15 @@ class Trainer:
         device = self.session.device
         self.lock = lock_save_dir(cfg.checkpoint.save_dir, is_main=self.session.is_main)
         self.plan = TrainingDataPlan(
-            cfg.data, seed=cfg.run.seed, rank=self.session.rank, world_size=self.session.world_size,
-            static_shapes=cfg.run.compile, max_positions=(model_cfg.max_source_positions, model_cfg.max_target_positions),
-            cache_dir=cfg.checkpoint.save_dir, manifest=manifest, scorer=scorer,
+            cfg.data,
+            seed=cfg.run.seed,
+            rank=self.session.rank,
+            world_size=self.session.world_size,
+            static_shapes=cfg.run.compile,
+            max_positions=(model_cfg.max_source_positions, model_cfg.max_target_positions),
+            cache_dir=cfg.checkpoint.save_dir,
+            manifest=manifest,
+            scorer=scorer,
         )
         self.vocab = read_vocab(self.plan.manifest)  # once: every checkpoint carries it
         self.identity = run_identity(cfg, model_cfg, self.plan.manifest)
@@ -110,25 +116,39 @@ class Trainer:
         self.model = build_model(model_cfg).to(device)
         precision = torch.bfloat16 if cfg.run.bf16 else torch.float16 if cfg.run.fp16 else None
         self.step = UpdateStep(
-            self.model, wrap_data_parallel(self.model, device=device), cfg.optim,
-            device=device, max_update=cfg.run.max_update, precision=precision,
+            self.model,
+            wrap_data_parallel(self.model, device=device),
+            cfg.optim,
+            device=device,
+            max_update=cfg.run.max_update,
+            precision=precision,
         )
         self.checkpoints = Checkpointer(cfg.checkpoint, is_main=self.session.is_main)
         self.metrics = MetricsLog(
-            cfg.logging, enabled=self.session.is_main or cfg.logging.log_all_ranks, tensorboard=self.session.is_main
+            cfg.logging,
+            enabled=self.session.is_main or cfg.logging.log_all_ranks,
+            tensorboard=self.session.is_main,
         )
         self.state = TrainState()
         self.compiled: CompiledModel | None = None
         self.started = time.perf_counter()
         if precision is not None and device.type == "cpu" and self.metrics.enabled:
-            logger.warning("--%s on a CPU: autocast there is slower than float32 (up to 4x measured); "
-                           "it is meant for GPUs", "bf16" if cfg.run.bf16 else "fp16")
+            logger.warning(
+                "--%s on a CPU: autocast there is slower than float32 (up to 4x measured); "
+                "it is meant for GPUs",
+                "bf16" if cfg.run.bf16 else "fp16",
+            )
         if self.metrics.enabled:
             logger.info(
                 "rank %d/%d on %s | %d training pairs in %s | model %s: %.2fM parameters | attention backend %s",
-                self.session.rank, self.session.world_size, device, self.plan.num_samples,
-                ",".join(cfg.data.train_subsets), cfg.run.arch,
-                sum(p.numel() for p in self.model.parameters()) / 1e6, self.model.backend(device),
+                self.session.rank,
+                self.session.world_size,
+                device,
+                self.plan.num_samples,
+                ",".join(cfg.data.train_subsets),
+                cfg.run.arch,
+                sum(p.numel() for p in self.model.parameters()) / 1e6,
+                self.model.backend(device),
             )
 
     def close(self) -> None:
@@ -150,8 +170,12 @@ class Trainer:
         if cfg.run.compile:
             assert self.plan.static is not None
             self.compiled = compile_for_shapes(
-                self.step.wrapped, self.plan.static, self.step.forward_loss, device=self.session.device,
-                world_size=self.session.world_size, to_device=lambda batch: to_device(batch, self.session.device),
+                self.step.wrapped,
+                self.plan.static,
+                self.step.forward_loss,
+                device=self.session.device,
+                world_size=self.session.world_size,
+                to_device=lambda batch: to_device(batch, self.session.device),
             )
             self.step.runner = self.compiled.module
         stop_reason = None
@@ -167,10 +191,18 @@ class Trainer:
                 if stop_reason is None:
                     self.plan.end_epoch()
                     self.save(end_of_epoch=True)
-                    if self.plan.epoch % cfg.checkpoint.validate_interval == 0 and self.validate_and_save():
+                    if (
+                        self.plan.epoch % cfg.checkpoint.validate_interval == 0
+                        and self.validate_and_save()
+                    ):
                         stop_reason = self.patience_reason()
         if self.metrics.enabled:
-            logger.info("done: %s (%d updates, %.1f min)", stop_reason, self.state.num_updates, self.elapsed_seconds() / 60)
+            logger.info(
+                "done: %s (%d updates, %.1f min)",
+                stop_reason,
+                self.state.num_updates,
+                self.elapsed_seconds() / 60,
+            )
         return self.state
 
     def train_epoch(self, stop_signal: StopSignal) -> str | None:
@@ -179,20 +211,31 @@ class Trainer:
         if info.blend_counts:
             self.log(info.blend_counts, prefix="blend")
         with tqdm(
-            total=info.num_updates, initial=info.first_update, desc=f"epoch {info.epoch + 1}", unit="upd",
-            disable=not self.session.is_main or self.cfg.logging.no_progress_bar, dynamic_ncols=True,
-            mininterval=2.0, leave=False,
+            total=info.num_updates,
+            initial=info.first_update,
+            desc=f"epoch {info.epoch + 1}",
+            unit="upd",
+            disable=not self.session.is_main or self.cfg.logging.no_progress_bar,
+            dynamic_ncols=True,
+            mininterval=2.0,
+            leave=False,
         ) as progress:
             for update in self.plan.updates():
                 stats = self.step(update)
                 self.state.num_updates += 1
                 progress.update(1)
-                extra = {"loss_scale": self.step.scaler.get_scale() if self.cfg.run.fp16 else 1.0,
-                         "skipped": self.step.skipped_updates}
-                record = self.metrics.record_update(stats, update=self.state.num_updates, epoch=info.epoch + 1, extra=extra)
+                extra = {
+                    "loss_scale": self.step.scaler.get_scale() if self.cfg.run.fp16 else 1.0,
+                    "skipped": self.step.skipped_updates,
+                }
+                record = self.metrics.record_update(
+                    stats, update=self.state.num_updates, epoch=info.epoch + 1, extra=extra
+                )
                 if record is not None:
                     progress.set_postfix(loss=f"{stats.loss:.3f}", wps=f"{record['wps']:.0f}")
-                reason = self.after_update(stop_signal, at_end=self.plan.updates_done == info.num_updates)
+                reason = self.after_update(
+                    stop_signal, at_end=self.plan.updates_done == info.num_updates
+                )
                 if reason:
                     return reason
         return None
@@ -201,12 +244,20 @@ class Trainer:
         """Validate and save when due (the epoch's end does both anyway: ``at_end``); a stop reason."""
         cfg = self.cfg.checkpoint
         reason = self.stop_reason_after_update(stop_signal)
-        interval_validation = bool(cfg.validate_interval_updates) and self.state.num_updates % cfg.validate_interval_updates == 0
+        interval_validation = (
+            bool(cfg.validate_interval_updates)
+            and self.state.num_updates % cfg.validate_interval_updates == 0
+        )
         # A run that ends here (--max-update, --stop-time-hours) validates its last update, as
         # fairseq does: checkpoint_best.pt then exists however short the run. A signal stops
         # without that wait.
-        validating = (interval_validation and not at_end) or (reason is not None and reason != STOPPED_BY_SIGNAL)
-        interval_save = bool(cfg.save_interval_updates) and self.state.num_updates % cfg.save_interval_updates == 0
+        validating = (interval_validation and not at_end) or (
+            reason is not None and reason != STOPPED_BY_SIGNAL
+        )
+        interval_save = (
+            bool(cfg.save_interval_updates)
+            and self.state.num_updates % cfg.save_interval_updates == 0
+        )
         if reason or validating or (interval_save and not at_end):
             self.save(end_of_epoch=False)
         if validating and self.validate_and_save():
@@ -215,9 +266,13 @@ class Trainer:
 
     def stop_reason_after_update(self, stop_signal: StopSignal) -> str | None:
         run = self.cfg.run
-        out_of_time = run.stop_time_hours > 0 and self.elapsed_seconds() > run.stop_time_hours * 3600
+        out_of_time = (
+            run.stop_time_hours > 0 and self.elapsed_seconds() > run.stop_time_hours * 3600
+        )
         # Every rank must stop at the same update: agree on signals and the clock.
-        flags = dist.all_reduce_max(torch.tensor([int(stop_signal.requested), int(out_of_time)], dtype=torch.int64))
+        flags = dist.all_reduce_max(
+            torch.tensor([int(stop_signal.requested), int(out_of_time)], dtype=torch.int64)
+        )
         if flags[0]:
             return STOPPED_BY_SIGNAL
         if flags[1]:
@@ -249,12 +304,18 @@ class Trainer:
         loss, nll = self.step.evaluate(self.plan.valid_batches())
         metrics = {"valid_loss": loss, "valid_nll": nll, "valid_ppl": 2**nll}
         if self.bleu_validator is not None:
-            bleu = self.bleu_validator(self.model, self.session.device) if self.session.is_main else 0.0
+            bleu = (
+                self.bleu_validator(self.model, self.session.device)
+                if self.session.is_main
+                else 0.0
+            )
             metrics["valid_bleu"] = float(dist.broadcast_object(bleu))
         self.log(metrics, prefix="valid")
         bleu_metric = self.cfg.checkpoint.best_checkpoint_metric == "bleu"
         value = metrics["valid_bleu"] if bleu_metric else metrics["valid_loss"]
-        improved = self.state.best is None or (value > self.state.best if bleu_metric else value < self.state.best)
+        improved = self.state.best is None or (
+            value > self.state.best if bleu_metric else value < self.state.best
+        )
         if improved:
             self.state.best = value
             self.state.bad_validations = 0
@@ -263,7 +324,9 @@ class Trainer:
         return improved, 0 <= self.cfg.checkpoint.patience < self.state.bad_validations
 
     def log(self, values: dict[str, Any], *, prefix: str) -> None:
-        self.metrics.log(values, prefix=prefix, update=self.state.num_updates, epoch=self.plan.epoch + 1)
+        self.metrics.log(
+            values, prefix=prefix, update=self.state.num_updates, epoch=self.plan.epoch + 1
+        )
 
     # ----------------------------------------------------------------------------- checkpoints
     def save(self, *, end_of_epoch: bool, is_best: bool = False, numbered: bool = True) -> None:
@@ -271,7 +334,10 @@ class Trainer:
         ``plan.end_epoch()``, so the plan's epoch counts the epochs done."""
         epoch = self.plan.epoch if end_of_epoch else self.plan.epoch + 1  # 1-based, as logged
         names = self.checkpoints.names(
-            epoch=epoch, num_updates=self.state.num_updates, end_of_epoch=end_of_epoch, is_best=is_best
+            epoch=epoch,
+            num_updates=self.state.num_updates,
+            end_of_epoch=end_of_epoch,
+            is_best=is_best,
         )
         if not numbered:
             names = [name for name in names if name in (LAST, BEST)]
@@ -304,19 +370,33 @@ class Trainer:
         check_identity(path, state.get("run_identity"), self.identity, resets)
         self.model.load_state_dict(state["model"])
         self.step.load_state_dict(
-            state, optimizer=not resets.reset_optimizer, lr_scheduler=not resets.reset_lr_scheduler,
+            state,
+            optimizer=not resets.reset_optimizer,
+            lr_scheduler=not resets.reset_lr_scheduler,
             num_updates=int(state["num_updates"]),
         )
         set_rng_state(state["rng"])
         num_updates = int(state["num_updates"])
         if resets.reset_dataloader:
-            self.plan.load_state_dict({"epoch": 0, "epoch_start_update": num_updates, "updates_done": 0})
+            self.plan.load_state_dict(
+                {"epoch": 0, "epoch_start_update": num_updates, "updates_done": 0}
+            )
         else:
             self.plan.load_state_dict(state["data_plan"])
-        self.state = TrainState(num_updates=num_updates, earlier_seconds=float(state.get("earlier_seconds", 0.0)))
+        self.state = TrainState(
+            num_updates=num_updates, earlier_seconds=float(state.get("earlier_seconds", 0.0))
+        )
         if not resets.reset_meters:
-            self.state.best, self.state.bad_validations = state["best"], int(state["bad_validations"])
+            self.state.best, self.state.bad_validations = (
+                state["best"],
+                int(state["bad_validations"]),
+            )
         if self.metrics.enabled:
-            logger.info("resumed from %s: epoch %d, update %d, update %d of the epoch",
-                        path, self.plan.epoch + 1, self.state.num_updates, self.plan.updates_done)
+            logger.info(
+                "resumed from %s: epoch %d, update %d, update %d of the epoch",
+                path,
+                self.plan.epoch + 1,
+                self.state.num_updates,
+                self.plan.updates_done,
+            )
         return True

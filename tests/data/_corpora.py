@@ -7,7 +7,9 @@ WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman 
 WORTE = "der die das hund katze rennt sitzt auf matte rot blau gross klein haus baum mann frau kind ball".split()
 
 
-def write_corpus(directory, name, src_lines, tgt_lines, *, src_lang="en", tgt_lang="de", ending="\n"):
+def write_corpus(
+    directory, name, src_lines, tgt_lines, *, src_lang="en", tgt_lang="de", ending="\n"
+):
     for lang, lines in ((src_lang, src_lines), (tgt_lang, tgt_lines)):
         with open(os.path.join(directory, f"{name}.{lang}"), "wb") as handle:
             handle.write(ending.join(lines).encode("utf-8") + ending.encode())

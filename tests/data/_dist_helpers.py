@@ -25,8 +25,12 @@ def _worker(rank: int, world_size: int, port: int, inbox: Any, outbox: Any) -> N
 
     import torch.distributed as torch_dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch_dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
+    torch_dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
+    )
     while (task := inbox.get()) is not None:
         fn, args = task
         try:
@@ -43,7 +47,11 @@ class GlooPool:
         self.inboxes = [ctx.Queue() for _ in range(world_size)]
         self.outboxes = [ctx.Queue() for _ in range(world_size)]
         self.processes = [
-            ctx.Process(target=_worker, args=(r, world_size, port, self.inboxes[r], self.outboxes[r]), daemon=True)
+            ctx.Process(
+                target=_worker,
+                args=(r, world_size, port, self.inboxes[r], self.outboxes[r]),
+                daemon=True,
+            )
             for r in range(world_size)
         ]
         for process in self.processes:

@@ -14,8 +14,8 @@ from nmt.data.batching import (
     round_up,
     shard,
 )
-from nmt.data.sampler import MaxTokensBatchSampler
 from nmt.data.curriculum import competence, difficulty_fractions
+from nmt.data.sampler import MaxTokensBatchSampler
 
 
 def synthetic_lengths(num_samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +53,11 @@ config_strategy = st.builds(
 )
 # What global_batches takes besides the config.
 call_strategy = st.fixed_dictionaries(
-    {"shuffle": st.booleans(), "seed": st.integers(0, 5), "length_multiple": st.sampled_from([1, 4])}
+    {
+        "shuffle": st.booleans(),
+        "seed": st.integers(0, 5),
+        "length_multiple": st.sampled_from([1, 4]),
+    }
 )
 
 
@@ -80,10 +84,15 @@ def test_ranks_get_disjoint_shards_with_equal_step_counts(cfg, call, world):
 
 @pytest.mark.parametrize("world,update_freq", [(1, 1), (2, 3), (3, 2), (4, 1), (5, 4)])
 def test_world_ranks_times_accumulation_see_the_batches_of_one_rank(world, update_freq):
-    reference = global_batches(SRC, TGT, BatchingConfig(layout="padded", max_tokens=1500), seed=0, epoch=2)
+    reference = global_batches(
+        SRC, TGT, BatchingConfig(layout="padded", max_tokens=1500), seed=0, epoch=2
+    )
     per_update = world * update_freq
     # The sampler's load-balanced deal may reorder a step's batches over ranks, never across steps.
-    shards = [shard(reference, num_replicas=world, rank=r, sample_tokens=SRC + TGT).to_list() for r in range(world)]
+    shards = [
+        shard(reference, num_replicas=world, rank=r, sample_tokens=SRC + TGT).to_list()
+        for r in range(world)
+    ]
     num_updates = -(-len(shards[0]) // update_freq)
     for update in range(num_updates):
         seen = [
@@ -109,18 +118,29 @@ def test_same_seed_and_epoch_give_the_same_batches_and_epochs_differ():
 
 
 def test_ties_mode_keeps_length_order_and_padding_low():
-    batches = global_batches(SRC, TGT, BatchingConfig(layout="padded", max_tokens=512), seed=0, epoch=0, shuffle=False)
+    batches = global_batches(
+        SRC, TGT, BatchingConfig(layout="padded", max_tokens=512), seed=0, epoch=0, shuffle=False
+    )
     longest = np.maximum(SRC, TGT)
     key = longest[batches.indices]
     assert (np.diff(key) >= 0).all()  # unshuffled: batches are consecutive runs of the sorted order
     assert padding_efficiency(batches, SRC, TGT) > 0.9
-    noisy = global_batches(SRC, TGT, BatchingConfig(layout="padded", max_tokens=512, noise_mode="length", batch_noise=0.3), seed=0, epoch=0)
+    noisy = global_batches(
+        SRC,
+        TGT,
+        BatchingConfig(layout="padded", max_tokens=512, noise_mode="length", batch_noise=0.3),
+        seed=0,
+        epoch=0,
+    )
     assert padding_efficiency(noisy, SRC, TGT) < padding_efficiency(batches, SRC, TGT)
 
 
 def test_zero_noise_gives_the_same_composition_every_epoch():
     cfg = BatchingConfig(layout="padded", max_tokens=2048, batch_noise=0.0)
-    sets = [{frozenset(b.tolist()) for b in global_batches(SRC, TGT, cfg, seed=0, epoch=e).to_list()} for e in range(3)]
+    sets = [
+        {frozenset(b.tolist()) for b in global_batches(SRC, TGT, cfg, seed=0, epoch=e).to_list()}
+        for e in range(3)
+    ]
     assert sets[0] == sets[1] == sets[2]
 
 
@@ -141,7 +161,14 @@ def test_too_long_sample_is_an_error_naming_it():
     with pytest.raises(ValueError, match="sample 2"):
         MaxTokensBatchSampler(src, tgt, BatchingConfig(layout="padded", max_tokens=30), seed=0)
     with pytest.raises(ValueError, match="sample 1"):
-        global_batches(src, tgt, BatchingConfig(layout="padded", max_tokens=8), seed=0, epoch=0, length_multiple=8)
+        global_batches(
+            src,
+            tgt,
+            BatchingConfig(layout="padded", max_tokens=8),
+            seed=0,
+            epoch=0,
+            length_multiple=8,
+        )
 
 
 @pytest.mark.parametrize(
@@ -155,52 +182,86 @@ def test_too_long_sample_is_an_error_naming_it():
 )
 def test_bad_options_name_the_option(options, kwargs, name):
     with pytest.raises(ValueError, match=name):
-        MaxTokensBatchSampler(SRC, TGT, BatchingConfig(layout="padded", max_tokens=1000, **options), seed=0, **kwargs)
+        MaxTokensBatchSampler(
+            SRC, TGT, BatchingConfig(layout="padded", max_tokens=1000, **options), seed=0, **kwargs
+        )
 
 
 def test_sampler_resumes_mid_epoch_with_the_remaining_batches():
-    sampler = MaxTokensBatchSampler(SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), num_replicas=3, rank=1, seed=7)
+    sampler = MaxTokensBatchSampler(
+        SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), num_replicas=3, rank=1, seed=7
+    )
     sampler.set_epoch(2)
     full = list(sampler)
     assert len(full) == len(sampler)
     iterator = iter(sampler)
     head = [next(iterator) for _ in range(5)]
     state = sampler.state_dict()
-    resumed = MaxTokensBatchSampler(SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), num_replicas=3, rank=1, seed=7)
+    resumed = MaxTokensBatchSampler(
+        SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), num_replicas=3, rank=1, seed=7
+    )
     resumed.load_state_dict(state)
     assert head + list(resumed) == full
     assert list(resumed) == full  # the next pass starts the epoch over
 
 
 def test_state_dict_can_record_what_the_trainer_consumed_behind_prefetching():
-    sampler = MaxTokensBatchSampler(SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), seed=0)
+    sampler = MaxTokensBatchSampler(
+        SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), seed=0
+    )
     iterator = iter(sampler)
     fetched = [next(iterator) for _ in range(6)]  # a DataLoader fetched 6, the trainer used 4
     state = sampler.state_dict(consumed=4)
     assert state["position"] == 4 and sampler.state_dict()["position"] == 6
-    resumed = MaxTokensBatchSampler(SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), seed=0)
+    resumed = MaxTokensBatchSampler(
+        SRC, TGT, BatchingConfig(layout="padded", max_tokens=1024), seed=0
+    )
     resumed.load_state_dict(state)
     assert list(resumed)[:2] == fetched[4:]
 
 
 def test_sampler_drives_a_dataloader_including_dummy_batches():
-    samplers = [MaxTokensBatchSampler(SRC[:50], TGT[:50], BatchingConfig(layout="padded", max_tokens=4096), seed=0, num_replicas=4, rank=r) for r in range(4)]
+    samplers = [
+        MaxTokensBatchSampler(
+            SRC[:50],
+            TGT[:50],
+            BatchingConfig(layout="padded", max_tokens=4096),
+            seed=0,
+            num_replicas=4,
+            rank=r,
+        )
+        for r in range(4)
+    ]
     total = len(samplers[0].global_batches())
     steps = -(-total // 4)
-    per_rank = [list(DataLoader(list(range(50)), batch_sampler=s, collate_fn=lambda items: items)) for s in samplers]
+    per_rank = [
+        list(DataLoader(list(range(50)), batch_sampler=s, collate_fn=lambda items: items))
+        for s in samplers
+    ]
     assert [len(batches) for batches in per_rank] == [len(s) for s in samplers] == [steps] * 4
     assert sum(b == [] for batches in per_rank for b in batches) == 4 * steps - total
-    assert_each_sample_once([np.array(b, dtype=np.int64) for batches in per_rank for b in batches], 50)
+    assert_each_sample_once(
+        [np.array(b, dtype=np.int64) for batches in per_rank for b in batches], 50
+    )
 
 
 def test_sampler_balances_rank_token_loads():
     src, tgt = synthetic_lengths(20_000, seed=1)  # ~150 steps of 8 ranks: enough to even out
     tokens = src + tgt
-    batches = global_batches(src, tgt, BatchingConfig(layout="padded", max_tokens=1024), seed=0, epoch=0)
+    batches = global_batches(
+        src, tgt, BatchingConfig(layout="padded", max_tokens=1024), seed=0, epoch=0
+    )
     for world in (2, 3, 8):
-        plain = [int(batch_tokens(shard(batches, num_replicas=world, rank=r), tokens).sum()) for r in range(world)]
+        plain = [
+            int(batch_tokens(shard(batches, num_replicas=world, rank=r), tokens).sum())
+            for r in range(world)
+        ]
         balanced = [
-            int(batch_tokens(shard(batches, num_replicas=world, rank=r, sample_tokens=tokens), tokens).sum())
+            int(
+                batch_tokens(
+                    shard(batches, num_replicas=world, rank=r, sample_tokens=tokens), tokens
+                ).sum()
+            )
             for r in range(world)
         ]
         assert sum(balanced) == sum(plain) == tokens.sum()
@@ -209,7 +270,13 @@ def test_sampler_balances_rank_token_loads():
 
 
 def test_curriculum_epochs_run_easy_to_hard_then_shuffle():
-    sampler = MaxTokensBatchSampler(SRC, TGT, BatchingConfig(layout="padded", max_tokens=2048, curriculum_epochs=2), seed=0, curriculum="length")
+    sampler = MaxTokensBatchSampler(
+        SRC,
+        TGT,
+        BatchingConfig(layout="padded", max_tokens=2048, curriculum_epochs=2),
+        seed=0,
+        curriculum="length",
+    )
     fractions = difficulty_fractions(np.maximum(SRC, TGT).astype(float))
     hardest = [fractions[b].max() for b in sampler]
     assert hardest == sorted(hardest)
@@ -230,15 +297,23 @@ def test_score_curriculum_keeps_batches_inside_difficulty_bins():
 def test_competence_admits_only_the_easiest_fraction_at_each_update():
     total_updates, world, update_freq = 40, 2, 2
     cfg = BatchingConfig(
-        max_tokens=1024, curriculum_epochs=0, competence_updates=total_updates, competence_initial=0.1, update_freq=update_freq
+        max_tokens=1024,
+        curriculum_epochs=0,
+        competence_updates=total_updates,
+        competence_initial=0.1,
+        update_freq=update_freq,
     )
     sampler = MaxTokensBatchSampler(SRC, TGT, cfg, seed=0, curriculum="length", num_replicas=world)
     batches = sampler.global_batches().to_list()
     fractions = difficulty_fractions(np.maximum(SRC, TGT).astype(float))
-    allowed = competence(np.arange(len(batches)) // (world * update_freq), total_updates=total_updates, initial=0.1)
+    allowed = competence(
+        np.arange(len(batches)) // (world * update_freq), total_updates=total_updates, initial=0.1
+    )
     hardest = np.array([fractions[b].max() for b in batches])
     assert (hardest[1:] <= allowed[1:] + 1e-12).all()
-    assert_each_sample_once(list({frozenset(b.tolist()): b for b in batches}.values()), SRC.shape[0])
+    assert_each_sample_once(
+        list({frozenset(b.tolist()): b for b in batches}.values()), SRC.shape[0]
+    )
     # Past the competence horizon the epoch is a plain shuffle: no repeats.
     sampler.set_epoch(5, start_update=total_updates)
     assert_each_sample_once(sampler.global_batches().to_list(), SRC.shape[0])

@@ -279,8 +279,16 @@ def test_ranks_prefetch_only_their_part_of_each_epoch(tmp_path):
 
 def test_a_part_this_rank_cannot_see_is_built_here(tmp_path):
     sizes, weights, num_samples = [5000, 300], [1, 1], 300_000
-    with BlendedEpochs(sizes, weights, num_samples, seed=3, cache_dir=tmp_path, rank=1,
-                       world_size=2, barrier=lambda: None) as blend:
+    with BlendedEpochs(
+        sizes,
+        weights,
+        num_samples,
+        seed=3,
+        cache_dir=tmp_path,
+        rank=1,
+        world_size=2,
+        barrier=lambda: None,
+    ) as blend:
         corpus_ids, sample_ids = blend.get(0)
     assert sorted(blend.parts_built)[:2] == [(0, 0), (0, 1)]
     expected = build_blend_index(sizes, weights, num_samples, seed=3, epoch=0)

@@ -32,7 +32,10 @@ def test_packed_layout():
     assert batch["src_tokens"].tolist() == [5, 6, EOS, 9, EOS]
     assert batch["target"].tolist() == [7, EOS, 4, 5, 6, EOS]
     assert batch["prev_output_tokens"].tolist() == [BOS, 7, BOS, 4, 5, 6]
-    assert batch["tgt_cu_seqlens"].tolist() == [0, 2, 6] and batch["tgt_cu_seqlens"].dtype == torch.int32
+    assert (
+        batch["tgt_cu_seqlens"].tolist() == [0, 2, 6]
+        and batch["tgt_cu_seqlens"].dtype == torch.int32
+    )
     assert batch["src_positions"].tolist() == [0, 1, 2, 0, 1]
     assert batch["tgt_positions"].tolist() == [0, 1, 0, 1, 2, 3]
 
@@ -56,7 +59,9 @@ def test_packed_unpacks_to_padded(pairs, multiple, extra_rows):
     for key, side in [("src_tokens", "src"), ("prev_output_tokens", "tgt"), ("target", "tgt")]:
         assert torch.equal(packed[f"{side}_lengths"], padded[f"{side}_lengths"])
         width = padded[key].shape[1]
-        assert torch.equal(unpack(packed[key], packed[f"{side}_lengths"], max_length=width), padded[key])
+        assert torch.equal(
+            unpack(packed[key], packed[f"{side}_lengths"], max_length=width), padded[key]
+        )
     # Extra rows are empty samples whose targets are all padding.
     assert (padded["target"][len(samples) :] == PAD).all()
     assert int(padded["num_sentences"]) == len(samples)

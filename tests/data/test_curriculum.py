@@ -49,7 +49,9 @@ def test_difficulty_fractions_break_ties_by_index():
 
 def test_difficulty_from_validates_scores():
     src, tgt = np.array([3, 5]), np.array([4, 2])
-    np.testing.assert_array_equal(difficulty_from("length", src_lengths=src, tgt_lengths=tgt), [4, 5])
+    np.testing.assert_array_equal(
+        difficulty_from("length", src_lengths=src, tgt_lengths=tgt), [4, 5]
+    )
     assert difficulty_from(None, src_lengths=src, tgt_lengths=tgt) is None
     with pytest.raises(ValueError, match="sample 1"):
         difficulty_from(np.array([0.5, np.nan]), src_lengths=src, tgt_lengths=tgt)
@@ -65,7 +67,9 @@ def test_difficulty_from_validates_scores():
     start=st.integers(min_value=0, max_value=30),
     per_update=st.integers(min_value=1, max_value=5),
 )
-def test_competence_schedule_never_uses_a_batch_early_and_uses_every_batch(eligible, start, per_update):
+def test_competence_schedule_never_uses_a_batch_early_and_uses_every_batch(
+    eligible, start, per_update
+):
     eligible = np.array(eligible)
     sequence = competence_schedule(
         eligible, start_update=start, batches_per_update=per_update, rng=np.random.default_rng(0)
@@ -83,7 +87,9 @@ def test_competence_schedule_never_uses_a_batch_early_and_uses_every_batch(eligi
 
 def test_competence_schedule_after_full_competence_keeps_the_base_order():
     eligible = np.array([3, 0, 2, 1, 0])
-    sequence = competence_schedule(eligible, start_update=5, batches_per_update=2, rng=np.random.default_rng(0))
+    sequence = competence_schedule(
+        eligible, start_update=5, batches_per_update=2, rng=np.random.default_rng(0)
+    )
     np.testing.assert_array_equal(sequence, np.arange(5))
 
 
@@ -128,7 +134,9 @@ def test_distributed_sample_sort_equals_single_process_sort(pool, data):
     rows = np.stack([difficulty, index], axis=1) if num_rows else np.zeros((0, 2))
     # Random cut points give uneven, possibly empty shards.
     num_cuts = pool.world_size - 1
-    cuts = sorted(data.draw(st.lists(st.integers(0, num_rows), min_size=num_cuts, max_size=num_cuts)))
+    cuts = sorted(
+        data.draw(st.lists(st.integers(0, num_rows), min_size=num_cuts, max_size=num_cuts))
+    )
     shards = np.split(rows, cuts)
     samples = data.draw(st.sampled_from([1, 3, 64]))
     slices = pool.run(sample_sort_task, [(shard, samples) for shard in shards])
@@ -140,8 +148,16 @@ def test_distributed_sample_sort_equals_single_process_sort(pool, data):
 def test_distributed_sample_sort_balances_duplicated_keys(pool):
     rng = np.random.default_rng(0)
     num_rows = 3000
-    rows = np.stack([rng.integers(0, 3, num_rows).astype(np.float64), rng.permutation(num_rows).astype(np.float64)], 1)
-    slices = pool.run(sample_sort_task, [(shard, 64) for shard in np.array_split(rows, pool.world_size)])
+    rows = np.stack(
+        [
+            rng.integers(0, 3, num_rows).astype(np.float64),
+            rng.permutation(num_rows).astype(np.float64),
+        ],
+        1,
+    )
+    slices = pool.run(
+        sample_sort_task, [(shard, 64) for shard in np.array_split(rows, pool.world_size)]
+    )
     sizes = [s.shape[0] for s in slices]
     assert sum(sizes) == num_rows
     assert max(sizes) < 1.5 * num_rows / pool.world_size

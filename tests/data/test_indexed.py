@@ -11,7 +11,9 @@ from nmt.data.spm import token_dtype
 
 @settings(max_examples=40, deadline=None)
 @given(
-    sequences=st.lists(st.lists(st.integers(min_value=0, max_value=70_000), max_size=30), max_size=40),
+    sequences=st.lists(
+        st.lists(st.integers(min_value=0, max_value=70_000), max_size=30), max_size=40
+    ),
     chunk=st.integers(min_value=1, max_value=7),
 )
 def test_round_trip_random_ids_and_lengths(tmp_path_factory, sequences, chunk):
@@ -40,7 +42,9 @@ def test_uint32_when_vocabulary_exceeds_uint16():
 
 def _write(prefix, sequences):
     writer = IndexedWriter(prefix, dtype=np.dtype(np.uint16))
-    writer.add_many(np.array([t for s in sequences for t in s]), np.array([len(s) for s in sequences]))
+    writer.add_many(
+        np.array([t for s in sequences for t in s]), np.array([len(s) for s in sequences])
+    )
     writer.finish()
 
 

@@ -54,7 +54,11 @@ partition_lengths = st.lists(st.integers(min_value=0, max_value=100), max_size=4
 
 
 @settings(max_examples=150, deadline=None)
-@given(lengths=partition_lengths, max_tokens=st.integers(100, 250), min_partitions=st.sampled_from([None, 1, 5]))
+@given(
+    lengths=partition_lengths,
+    max_tokens=st.integers(100, 250),
+    min_partitions=st.sampled_from([None, 1, 5]),
+)
 def test_partition_respects_the_cap_and_keeps_every_sample(lengths, max_tokens, min_partitions):
     lengths = np.array(lengths, dtype=np.int64)
     parts = partition_microbatches(lengths, max_tokens, min_partitions=min_partitions)
@@ -62,7 +66,9 @@ def test_partition_respects_the_cap_and_keeps_every_sample(lengths, max_tokens, 
     np.testing.assert_array_equal(np.sort(flat), np.arange(lengths.shape[0]))
     assert all(lengths[p].sum() <= max_tokens for p in parts)
     assert all((np.diff(p) > 0).all() for p in parts)  # original order inside each micro-batch
-    fewest = max(len(first_fit_decreasing(lengths, max_tokens)), -(-int(lengths.sum()) // max_tokens), 1)
+    fewest = max(
+        len(first_fit_decreasing(lengths, max_tokens)), -(-int(lengths.sum()) // max_tokens), 1
+    )
     assert len(parts) == max(fewest, min_partitions or 1)
     np.testing.assert_array_equal(flat[restore_order(parts)], np.arange(lengths.shape[0]))
 

@@ -8,8 +8,15 @@ from nmt.data.plan import TrainingDataPlan
 
 
 def plan_for(data_dir, *, world_size=1, rank=0, update_freq=1, **data):
-    batching = BatchingConfig(layout="padded", max_tokens=256, update_freq=update_freq, **data.pop("batching", {}))
-    return TrainingDataPlan(DataConfig(data_dir=data_dir, batching=batching, **data), seed=3, rank=rank, world_size=world_size)
+    batching = BatchingConfig(
+        layout="padded", max_tokens=256, update_freq=update_freq, **data.pop("batching", {})
+    )
+    return TrainingDataPlan(
+        DataConfig(data_dir=data_dir, batching=batching, **data),
+        seed=3,
+        rank=rank,
+        world_size=world_size,
+    )
 
 
 def epoch_updates(plan):
@@ -17,7 +24,9 @@ def epoch_updates(plan):
     plan.begin_epoch()
     return [
         (
-            sorted(int(i) for micro in update.micro_batches if not micro.dummy for i in micro.indices),
+            sorted(
+                int(i) for micro in update.micro_batches if not micro.dummy for i in micro.indices
+            ),
             update.num_tokens,
             update.num_sentences,
             sorted(micro.seed for micro in update.micro_batches if not micro.dummy),
@@ -27,16 +36,22 @@ def epoch_updates(plan):
 
 
 @pytest.mark.parametrize("world_size,update_freq", [(2, 1), (3, 2)])
-def test_w_ranks_times_u_steps_get_the_updates_of_one_rank_times_wu(tiny_data, world_size, update_freq):
+def test_w_ranks_times_u_steps_get_the_updates_of_one_rank_times_wu(
+    tiny_data, world_size, update_freq
+):
     one = epoch_updates(plan_for(tiny_data, update_freq=world_size * update_freq))
     ranks = [
         epoch_updates(plan_for(tiny_data, world_size=world_size, rank=r, update_freq=update_freq))
         for r in range(world_size)
     ]
-    assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) == len(one)  # every rank steps together
+    assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) == len(
+        one
+    )  # every rank steps together
     for k, (samples, tokens, sentences, seeds) in enumerate(one):
         assert sorted(i for r in ranks for i in r[k][0]) == samples
-        assert all(r[k][1] == tokens and r[k][2] == sentences for r in ranks)  # one normaliser everywhere
+        assert all(
+            r[k][1] == tokens and r[k][2] == sentences for r in ranks
+        )  # one normaliser everywhere
         assert sorted(s for r in ranks for s in r[k][3]) == seeds  # dropout seeds follow the data
 
 
@@ -72,7 +87,9 @@ def test_curriculum_scores_stay_aligned_to_samples_with_a_blend(tiny_data, tmp_p
     num_lines = plan_for(tiny_data).corpora[0].entry.num_lines
     line_scores = np.random.default_rng(5).permutation(num_lines).astype(float)
     spec = write_scores(tmp_path / "scores.txt", line_scores)
-    plan = plan_for(tiny_data, subset_weights=(1.0,), curriculum=spec, batching=dict(curriculum_epochs=1))
+    plan = plan_for(
+        tiny_data, subset_weights=(1.0,), curriculum=spec, batching=dict(curriculum_epochs=1)
+    )
     epoch = plan.current
     corpus = plan.corpora[0]
     assert not np.array_equal(epoch.dataset.sample_ids, np.arange(len(corpus)))  # really reordered
@@ -85,20 +102,35 @@ def test_curriculum_scores_stay_aligned_to_samples_with_a_blend(tiny_data, tmp_p
 
 def test_one_score_file_per_blended_corpus(two_corpus_data, tmp_path):
     plan = plan_for(two_corpus_data, train_subsets=("train", "train1"))
-    scores = [np.arange(c.entry.num_lines, dtype=float) + 1000 * k for k, c in enumerate(plan.corpora)]
+    scores = [
+        np.arange(c.entry.num_lines, dtype=float) + 1000 * k for k, c in enumerate(plan.corpora)
+    ]
     files = [write_scores(tmp_path / f"s{k}.txt", s)[len("file:") :] for k, s in enumerate(scores)]
-    plan = plan_for(two_corpus_data, train_subsets=("train", "train1"), curriculum="file:" + ",".join(files))
+    plan = plan_for(
+        two_corpus_data, train_subsets=("train", "train1"), curriculum="file:" + ",".join(files)
+    )
     epoch = plan.current
-    expected = [scores[c][np.asarray(plan.corpora[c].line_numbers)[s]] for c, s in zip(epoch.dataset.corpus_ids, epoch.dataset.sample_ids)]
+    expected = [
+        scores[c][np.asarray(plan.corpora[c].line_numbers)[s]]
+        for c, s in zip(epoch.dataset.corpus_ids, epoch.dataset.sample_ids)
+    ]
     np.testing.assert_array_equal(epoch.difficulty, expected)
     with pytest.raises(ValueError, match="one score file per --train-subsets entry"):
-        DataConfig(data_dir=two_corpus_data, train_subsets=("train", "train1"), curriculum=f"file:{files[0]}")
+        DataConfig(
+            data_dir=two_corpus_data,
+            train_subsets=("train", "train1"),
+            curriculum=f"file:{files[0]}",
+        )
 
 
 def test_static_shapes_hold_every_batch(tiny_data):
     plan = TrainingDataPlan(
-        DataConfig(data_dir=tiny_data, batching=BatchingConfig(layout="padded", max_tokens=256, length_multiple=16)),
-        seed=3, static_shapes=True,
+        DataConfig(
+            data_dir=tiny_data,
+            batching=BatchingConfig(layout="padded", max_tokens=256, length_multiple=16),
+        ),
+        seed=3,
+        static_shapes=True,
     )
     shapes = set(plan.static.shapes)
     plan.begin_epoch()
@@ -119,11 +151,26 @@ def test_long_samples_are_refused_for_training_and_truncated_for_validation(tmp_
     valid[3] = (" ".join(["dog"] * 200), " ".join(["hund"] * 200))  # longer than any position below
     _write(tmp_path, "valid", valid)
     data_dir = str(tmp_path / "data")
-    preprocess(PreprocessConfig(source_lang="en", target_lang="de", trainpref=[str(tmp_path / "train")],
-                                validpref=[str(tmp_path / "valid")], destdir=data_dir, spm_vocab_size=60, workers=1))
-    with pytest.raises(ValueError, match="--max-source-positions 8: the training data has samples of"):
+    preprocess(
+        PreprocessConfig(
+            source_lang="en",
+            target_lang="de",
+            trainpref=[str(tmp_path / "train")],
+            validpref=[str(tmp_path / "valid")],
+            destdir=data_dir,
+            spm_vocab_size=60,
+            workers=1,
+        )
+    )
+    with pytest.raises(
+        ValueError, match="--max-source-positions 8: the training data has samples of"
+    ):
         TrainingDataPlan(DataConfig(data_dir=data_dir), seed=1, max_positions=(8, 1024))
-    plan = TrainingDataPlan(DataConfig(data_dir=data_dir, batching=BatchingConfig(layout="padded", max_tokens=512)), seed=1, max_positions=(64, 48))
+    plan = TrainingDataPlan(
+        DataConfig(data_dir=data_dir, batching=BatchingConfig(layout="padded", max_tokens=512)),
+        seed=1,
+        max_positions=(64, 48),
+    )
     assert "1 of 10 validation pairs are longer" in caplog.text
     batches = list(plan.valid_batches())
     assert sum(int(b["num_sentences"]) for b in batches) == 10  # nothing dropped

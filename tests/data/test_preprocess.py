@@ -20,6 +20,7 @@ from nmt_cli.preprocess import main as cli_main
 sys.path.insert(0, os.path.dirname(__file__))
 from _corpora import random_pairs, write_corpus  # noqa: E402
 
+
 @pytest.fixture()
 def corpus_dir(tmp_path):
     src, tgt = random_pairs(300, seed=0)
@@ -44,9 +45,21 @@ def config(tmp_path, **overrides):
 
 def run_cli(tmp_path, *extra, capsys=None):
     argv = [
-        "--source-lang", "en", "--target-lang", "de",
-        "--trainpref", str(tmp_path / "train"), "--validpref", str(tmp_path / "valid"),
-        "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60", "--workers", "1", *extra,
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        str(tmp_path / "train"),
+        "--validpref",
+        str(tmp_path / "valid"),
+        "--destdir",
+        str(tmp_path / "out"),
+        "--spm-vocab-size",
+        "60",
+        "--workers",
+        "1",
+        *extra,
     ]
     return cli_main(argv)
 
@@ -104,7 +117,19 @@ def test_filter_codes_first_reason_wins():
     codes = filter_codes(src, tgt, invalid, min_len=1, max_len=256, max_len_ratio=3.0)
     names = ["keep" if c < 0 else FILTER_REASONS[c] for c in codes]
     assert names == ["keep", "blank_line", "blank_line", "too_long", "length_ratio", "invalid_utf8"]
-    assert FILTER_REASONS[filter_codes(np.array([3]), np.array([3]), np.array([False]), min_len=3, max_len=9, max_len_ratio=3)[0]] == "too_short"
+    assert (
+        FILTER_REASONS[
+            filter_codes(
+                np.array([3]),
+                np.array([3]),
+                np.array([False]),
+                min_len=3,
+                max_len=9,
+                max_len_ratio=3,
+            )[0]
+        ]
+        == "too_short"
+    )
 
 
 def test_blank_lines_dropped_from_train_and_kept_in_valid(tmp_path):
@@ -130,7 +155,9 @@ def test_messy_text_windows_endings_control_chars_and_a_1mb_line(tmp_path):
     write_corpus(tmp_path, "train", src, tgt, ending="\r\n")
     write_corpus(tmp_path, "valid", vsrc, vtgt)
     manifest, _ = preprocess(config(tmp_path, max_len=40))
-    assert manifest.splits["train"].num_lines == 200  # no line was split on \r, \x0c, \x85 or U+2028
+    assert (
+        manifest.splits["train"].num_lines == 200
+    )  # no line was split on \r, \x0c, \x85 or U+2028
     valid = ParallelCorpus(str(tmp_path / "out"), "valid")
     assert len(valid) == 10 and valid.src_lengths[3] > 100_000
 
@@ -167,7 +194,15 @@ def test_invalid_utf8_error_and_skip(corpus_dir, capsys):
 
 
 def test_empty_training_set_after_filtering(corpus_dir, capsys):
-    _assert_clean_failure(corpus_dir, capsys, "--max-len", "2", "--min-len", "0", expect="training set is empty after filtering")
+    _assert_clean_failure(
+        corpus_dir,
+        capsys,
+        "--max-len",
+        "2",
+        "--min-len",
+        "0",
+        expect="training set is empty after filtering",
+    )
 
 
 def test_existing_destdir_needs_overwrite(corpus_dir, capsys):
@@ -177,11 +212,15 @@ def test_existing_destdir_needs_overwrite(corpus_dir, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert (corpus_dir / "out" / "keep.txt").read_text() == "precious"
     assert run_cli(corpus_dir, "--overwrite") == 0
-    assert (corpus_dir / "out" / "manifest.json").exists() and not (corpus_dir / "out" / "keep.txt").exists()
+    assert (corpus_dir / "out" / "manifest.json").exists() and not (
+        corpus_dir / "out" / "keep.txt"
+    ).exists()
 
 
 def test_a_destdir_whose_parents_do_not_exist_is_created(corpus_dir):
-    preprocess(config(corpus_dir, destdir=str(corpus_dir / "runs" / "multi30k" / "data")))  # as scripts/main.sh does
+    preprocess(
+        config(corpus_dir, destdir=str(corpus_dir / "runs" / "multi30k" / "data"))
+    )  # as scripts/main.sh does
     assert (corpus_dir / "runs" / "multi30k" / "data" / "manifest.json").exists()
 
 
@@ -215,8 +254,23 @@ def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
     write_corpus(tmp_path, "train", src, tgt)
     write_corpus(tmp_path, "valid", *random_pairs(20, seed=7))
     command = [
-        sys.executable, "-m", "nmt_cli.preprocess", "-s", "en", "-t", "de", "--trainpref", str(tmp_path / "train"),
-        "--validpref", str(tmp_path / "valid"), "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60", "--workers", "1",
+        sys.executable,
+        "-m",
+        "nmt_cli.preprocess",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(tmp_path / "train"),
+        "--validpref",
+        str(tmp_path / "valid"),
+        "--destdir",
+        str(tmp_path / "out"),
+        "--spm-vocab-size",
+        "60",
+        "--workers",
+        "1",
     ]
     started = time.perf_counter()
     assert subprocess.run(command, capture_output=True).returncode == 0
@@ -248,7 +302,15 @@ def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monk
     write_corpus(corpus_dir, "train", src, tgt)
     monkeypatch.setattr(preprocess_module, "CHUNK_LINES", 37)
     for workers in (1, 3):
-        preprocess(config(corpus_dir, destdir=str(corpus_dir / f"w{workers}"), workers=workers, dedup=True, encoder=encoder))
+        preprocess(
+            config(
+                corpus_dir,
+                destdir=str(corpus_dir / f"w{workers}"),
+                workers=workers,
+                dedup=True,
+                encoder=encoder,
+            )
+        )
     for name in sorted(os.listdir(corpus_dir / "w1")):
         a, b = (corpus_dir / "w1" / name).read_bytes(), (corpus_dir / "w3" / name).read_bytes()
         if name == "manifest.json":
@@ -264,7 +326,9 @@ def test_dedup_drops_later_exact_duplicates_and_counts_them(tmp_path):
     write_corpus(tmp_path, "train", src, tgt)
     write_corpus(tmp_path, "valid", src[:10], tgt[:10])  # valid and test are never deduplicated
     manifest, stats = preprocess(config(tmp_path, dedup=True))
-    assert manifest.splits["train"].filtered["duplicate"] == 3 and stats[0].filtered["duplicate"] == 3
+    assert (
+        manifest.splits["train"].filtered["duplicate"] == 3 and stats[0].filtered["duplicate"] == 3
+    )
     line_numbers = ParallelCorpus(str(tmp_path / "out"), "train").line_numbers.tolist()
     assert 3 in line_numbers and 40 in line_numbers and 70 in line_numbers  # first occurrences stay
     assert not {50, 51, 260} & set(line_numbers)
@@ -286,7 +350,11 @@ def test_reservoir_sample_is_uniform_and_deterministic():
         assert sample == sorted(sample) and len(set(sample)) == 100  # in stream order, no repeats
         counts[sample] += 1
     # each item is kept with probability 0.1: 40 of 400 times (sd 6), early and late items alike
-    assert abs(counts[:500].mean() - 40) < 2 and abs(counts[500:].mean() - 40) < 2 and counts.min() > 10
+    assert (
+        abs(counts[:500].mean() - 40) < 2
+        and abs(counts[500:].mean() - 40) < 2
+        and counts.min() > 10
+    )
     again = Reservoir(100, seed=399)
     for start in range(0, 1_000, 64):
         again.offer([str(i) for i in range(start, min(start + 64, 1_000))])
@@ -300,7 +368,15 @@ def test_spm_trained_on_a_sample_depends_on_the_seed_only(corpus_dir):
     write_corpus(corpus_dir, "train", *random_pairs(3_000, seed=10))
     models = []
     for seed, workers, name in ((1, 1, "a"), (1, 2, "b"), (2, 1, "c")):
-        manifest, _ = preprocess(config(corpus_dir, destdir=str(corpus_dir / name), seed=seed, workers=workers, spm_sample_size=300))
+        manifest, _ = preprocess(
+            config(
+                corpus_dir,
+                destdir=str(corpus_dir / name),
+                seed=seed,
+                workers=workers,
+                spm_sample_size=300,
+            )
+        )
         models.append((corpus_dir / name / "spm.model").read_bytes())
     assert models[0] == models[1]
     assert models[0] != models[2]

@@ -33,9 +33,23 @@ from _corpora import random_pairs, write_corpus  # noqa: E402
 
 def cli_args(root, *extra, destdir=None):
     return [
-        "--source-lang", "en", "--target-lang", "de", "--trainpref", str(root / "train"), "--validpref", str(root / "valid"),
-        "--testpref", str(root / "test"), "--destdir", str(destdir or root / "out"), "--spm-vocab-size", "60",
-        "--workers", "1", *extra,
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        str(root / "train"),
+        "--validpref",
+        str(root / "valid"),
+        "--testpref",
+        str(root / "test"),
+        "--destdir",
+        str(destdir or root / "out"),
+        "--spm-vocab-size",
+        "60",
+        "--workers",
+        "1",
+        *extra,
     ]
 
 
@@ -81,28 +95,45 @@ def _wait_for_lock(path, pid, timeout=60):
 
 def test_second_run_into_the_same_destdir_is_refused_naming_the_holder(corpus):
     write_corpus(corpus, "train", *random_pairs(30_000, seed=3))  # a few seconds of work
-    first = subprocess.Popen(cli_command(corpus), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        cli_command(corpus), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_for_lock(corpus / ".out.lock", first.pid)
-        first.send_signal(signal.SIGSTOP)  # holds the lock, mid-run, for as long as the second run takes
-        second = subprocess.run(cli_command(corpus, "--overwrite", "--spm-vocab-size", "50"), capture_output=True, text=True)
+        first.send_signal(
+            signal.SIGSTOP
+        )  # holds the lock, mid-run, for as long as the second run takes
+        second = subprocess.run(
+            cli_command(corpus, "--overwrite", "--spm-vocab-size", "50"),
+            capture_output=True,
+            text=True,
+        )
         first.send_signal(signal.SIGCONT)
         assert second.returncode == 1
-        assert_one_error_line(second.stderr, str(corpus / "out"), f"PID {first.pid}", "in use by another run")
+        assert_one_error_line(
+            second.stderr, str(corpus / "out"), f"PID {first.pid}", "in use by another run"
+        )
         _, stderr = first.communicate(timeout=240)
     finally:
         first.kill()
     assert first.returncode == 0, stderr
-    assert load_manifest(str(corpus / "out")).spm.src_vocab_size == 60  # the first run's dataset, complete
+    assert (
+        load_manifest(str(corpus / "out")).spm.src_vocab_size == 60
+    )  # the first run's dataset, complete
     assert leftovers(corpus) == ["out"]  # no temporary, and the lock file went with its holder
 
 
 def test_a_killed_run_leaves_no_stuck_lock_and_its_leftovers_are_swept(corpus):
     write_corpus(corpus, "train", *random_pairs(30_000, seed=3))
-    first = subprocess.Popen(cli_command(corpus), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        cli_command(corpus), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _wait_for_lock(corpus / ".out.lock", first.pid)
     deadline = time.monotonic() + 60
-    while not any(name.startswith(".out.tmp-") for name in os.listdir(corpus)) and time.monotonic() < deadline:
+    while (
+        not any(name.startswith(".out.tmp-") for name in os.listdir(corpus))
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     first.kill()
     first.wait()
@@ -136,17 +167,31 @@ def random_checkpoint(data_dir, path):
     """An untrained model saved the way the trainer saves one (nmt-eval needs a checkpoint, not a good one)."""
     manifest = load_manifest(str(data_dir))
     cfg = ModelConfig(
-        src_vocab_size=manifest.spm.src_vocab_size, tgt_vocab_size=manifest.spm.tgt_vocab_size, encoder_layers=1,
-        decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=16, decoder_ffn_embed_dim=16,
-        encoder_attention_heads=2, decoder_attention_heads=2, max_target_positions=64,
+        src_vocab_size=manifest.spm.src_vocab_size,
+        tgt_vocab_size=manifest.spm.tgt_vocab_size,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_embed_dim=16,
+        decoder_embed_dim=16,
+        encoder_ffn_embed_dim=16,
+        decoder_ffn_embed_dim=16,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        max_target_positions=64,
     )
     torch.manual_seed(0)
     proto = (data_dir / manifest.spm.src_model).read_bytes()
     state = {
-        "format": FORMAT, "version": VERSION, "model": build_model(cfg).state_dict(), "model_config": to_dict(cfg),
+        "format": FORMAT,
+        "version": VERSION,
+        "model": build_model(cfg).state_dict(),
+        "model_config": to_dict(cfg),
         "vocab": {
-            "source_lang": "en", "target_lang": "de", "special_ids": dict(SPECIAL_IDS),
-            "src_spm": bytes_to_tensor(proto), "tgt_spm": bytes_to_tensor(proto),
+            "source_lang": "en",
+            "target_lang": "de",
+            "special_ids": dict(SPECIAL_IDS),
+            "src_spm": bytes_to_tensor(proto),
+            "tgt_spm": bytes_to_tensor(proto),
         },
     }
     atomic_torch_save(state, str(path))
@@ -163,12 +208,29 @@ def test_a_moved_dataset_scores_without_its_raw_text(corpus, tmp_path_factory, c
     checkpoint = random_checkpoint(elsewhere, tmp_path_factory.mktemp("ckpt") / "model.pt")
     capsys.readouterr()
     os.chdir(tmp_path_factory.mktemp("somewhere"))
-    assert eval_main([str(elsewhere), "--path", checkpoint, "--split", "test", "--beam", "1", "--max-len-b", "3"]) == 0
+    assert (
+        eval_main(
+            [
+                str(elsewhere),
+                "--path",
+                checkpoint,
+                "--split",
+                "test",
+                "--beam",
+                "1",
+                "--max-len-b",
+                "3",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "BLEU" in out.out + out.err
     # the reference inside the dataset is the raw target text, line for line
     manifest = load_manifest(str(elsewhere))
-    reference = gzip.decompress((elsewhere / manifest.splits["test"].reference).read_bytes()).decode()
+    reference = gzip.decompress(
+        (elsewhere / manifest.splits["test"].reference).read_bytes()
+    ).decode()
     assert reference == "".join(line + "\n" for line in random_pairs(25, seed=2)[1])
 
     # what nmt-train --eval-bleu runs, from the moved directory
@@ -178,7 +240,12 @@ def test_a_moved_dataset_scores_without_its_raw_text(corpus, tmp_path_factory, c
     state = torch.load(checkpoint, weights_only=True)
     model = TransformerModel(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
-    assert make_bleu_validator(manifest, "valid", search={"beam": 1})(model.eval(), torch.device("cpu")) >= 0.0
+    assert (
+        make_bleu_validator(manifest, "valid", search={"beam": 1})(
+            model.eval(), torch.device("cpu")
+        )
+        >= 0.0
+    )
 
 
 # ----------------------------------------------------------------------------- 7: one clear line, nothing half-written
@@ -187,15 +254,25 @@ def small_tmpfs(tmp_path):
     """A 3 MB file system (root only); the test is skipped where it cannot be mounted."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)], capture_output=True).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+            capture_output=True,
+        ).returncode
+    ):
         pytest.skip("needs root to mount a small tmpfs")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
 def test_disk_full_names_the_file_and_leaves_nothing(corpus, small_tmpfs):
-    write_corpus(corpus, "train", *random_pairs(60_000, seed=4))  # ~3.6 MB of tokens: more than fits
-    result = subprocess.run(cli_command(corpus, destdir=small_tmpfs / "out"), capture_output=True, text=True)
+    write_corpus(
+        corpus, "train", *random_pairs(60_000, seed=4)
+    )  # ~3.6 MB of tokens: more than fits
+    result = subprocess.run(
+        cli_command(corpus, destdir=small_tmpfs / "out"), capture_output=True, text=True
+    )
     assert result.returncode == 1
     line = assert_one_error_line(result.stderr, "disk full", str(small_tmpfs))
     assert ".bin" in line or ".idx" in line or ".npy" in line
@@ -206,10 +283,14 @@ def test_file_size_limit_names_the_file(corpus):
     write_corpus(corpus, "train", *random_pairs(20_000, seed=4))
 
     def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing the process
+        signal.signal(
+            signal.SIGXFSZ, signal.SIG_IGN
+        )  # write() then fails with EFBIG instead of killing the process
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
-    result = subprocess.run(cli_command(corpus), capture_output=True, text=True, preexec_fn=limit_file_size)
+    result = subprocess.run(
+        cli_command(corpus), capture_output=True, text=True, preexec_fn=limit_file_size
+    )
     assert result.returncode == 1
     assert_one_error_line(result.stderr, str(corpus / ".out.tmp-"), "file too large")
     assert leftovers(corpus) == []
@@ -219,12 +300,17 @@ def test_unwritable_destdir_is_one_line_naming_it(corpus, tmp_path):
     read_only = tmp_path / "read-only"
     read_only.mkdir()
     if os.geteuid() == 0:  # root writes through permissions: a read-only file system it is
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], capture_output=True).returncode:
+        if subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)],
+            capture_output=True,
+        ).returncode:
             pytest.skip("cannot mount a read-only tmpfs")
     else:
         read_only.chmod(0o555)
     try:
-        result = subprocess.run(cli_command(corpus, destdir=read_only / "out"), capture_output=True, text=True)
+        result = subprocess.run(
+            cli_command(corpus, destdir=read_only / "out"), capture_output=True, text=True
+        )
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", "-l", str(read_only)], check=True)
@@ -234,7 +320,9 @@ def test_unwritable_destdir_is_one_line_naming_it(corpus, tmp_path):
 
 
 def test_degenerate_training_text_is_one_line(corpus):
-    (corpus / "train.en").write_text("word " * 1_000_000 + "\n")  # one 5 MB line: SentencePiece skips it and has nothing left
+    (corpus / "train.en").write_text(
+        "word " * 1_000_000 + "\n"
+    )  # one 5 MB line: SentencePiece skips it and has nothing left
     (corpus / "train.de").write_text("wort " * 1_000_000 + "\n")
     result = subprocess.run(cli_command(corpus), capture_output=True, text=True)
     assert result.returncode == 1
@@ -257,12 +345,34 @@ def test_same_size_corruption_of_a_bin_is_one_line_when_training_opens_it(corpus
     assert preprocess_main(cli_args(corpus)) == 0
     path = _corrupt_first_token(corpus / "out", 0xFFFF)
     command = [
-        sys.executable, "-m", "nmt_cli.train", str(corpus / "out"), "--save-dir", str(tmp_path / "ckpt"), "--max-update", "2",
-        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-        "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
-        "--decoder-attention-heads", "2",
+        sys.executable,
+        "-m",
+        "nmt_cli.train",
+        str(corpus / "out"),
+        "--save-dir",
+        str(tmp_path / "ckpt"),
+        "--max-update",
+        "2",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--encoder-embed-dim",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "16",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert result.returncode == 1
     assert_one_error_line(result.stderr, str(path), "outside the vocabulary")
 
@@ -285,7 +395,9 @@ def test_line_count_mismatch_found_at_the_end_of_the_stream_leaves_nothing(corpu
     with open(corpus / "train.de", "a") as handle:
         handle.write("ein satz zu viel\n")
     # with a given model, the mismatch shows only once the source side has been encoded to its end
-    assert preprocess_main(cli_args(corpus, "--spm-model", str(corpus / "model" / "spm.model"))) == 1
+    assert (
+        preprocess_main(cli_args(corpus, "--spm-model", str(corpus / "model" / "spm.model"))) == 1
+    )
     assert_one_error_line(capsys.readouterr().err, "train.en has 400 lines", "train.de has 401")
     assert leftovers(corpus) == []
 
@@ -295,7 +407,10 @@ def test_manifest_records_what_makes_a_dataset_self_contained(corpus):
     manifest = json.loads((corpus / "out" / "manifest.json").read_text())
     assert manifest["splits"]["valid"]["reference"] == "valid.ref.de.gz"
     assert manifest["splits"]["test"]["reference"] == "test.ref.de.gz"
-    assert "reference" not in manifest["splits"]["train"] or manifest["splits"]["train"]["reference"] is None
+    assert (
+        "reference" not in manifest["splits"]["train"]
+        or manifest["splits"]["train"]["reference"] is None
+    )
     for split in manifest["splits"].values():
         for part in split["parts"]:
             assert 0 < part["src"]["max_token_id"] < manifest["spm"]["src_vocab_size"]

@@ -25,8 +25,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def options(root, destdir, **overrides):
     values = dict(
-        source_lang="en", target_lang="de", trainpref=[str(root / "train"), str(root / "extra")],
-        validpref=[str(root / "valid")], destdir=str(destdir), spm_vocab_size=60, workers=1,
+        source_lang="en",
+        target_lang="de",
+        trainpref=[str(root / "train"), str(root / "extra")],
+        validpref=[str(root / "valid")],
+        destdir=str(destdir),
+        spm_vocab_size=60,
+        workers=1,
     )
     values.update(overrides)
     return values
@@ -60,8 +65,16 @@ def datasets(tmp_path_factory):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-        "-m", "nmt_cli.preprocess", *argv(options(root, root / "sharded")),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "nmt_cli.preprocess",
+        *argv(options(root, root / "sharded")),
     ]
     result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -71,44 +84,88 @@ def datasets(tmp_path_factory):
 def test_parts_read_as_the_single_process_corpus(datasets):
     single, sharded = datasets / "single", datasets / "sharded"
     assert sorted(p for p in os.listdir(sharded) if not p.startswith(".")) == [
-        "manifest.json", "part-00000-of-00002", "part-00001-of-00002",
+        "manifest.json",
+        "part-00000-of-00002",
+        "part-00001-of-00002",
     ]
     one, parts = load_manifest(str(single)), load_manifest(str(sharded))
-    assert (sharded / parts.spm.src_model).read_bytes() == (single / one.spm.src_model).read_bytes()  # one vocabulary
+    assert (sharded / parts.spm.src_model).read_bytes() == (
+        single / one.spm.src_model
+    ).read_bytes()  # one vocabulary
     verify_checksums(parts)
     for split in ("train", "train1", "valid"):
         a, b = ParallelCorpus(str(single), split), ParallelCorpus(str(sharded), split)
         assert len(parts.splits[split].parts) == (2 if split.startswith("train") else 1)
         assert len(a) == len(b) > 0
-        assert np.array_equal(a.src_lengths, b.src_lengths) and np.array_equal(a.tgt_lengths, b.tgt_lengths)
+        assert np.array_equal(a.src_lengths, b.src_lengths) and np.array_equal(
+            a.tgt_lengths, b.tgt_lengths
+        )
         assert np.array_equal(a.line_numbers, b.line_numbers)
         for i in range(len(a)):
             assert np.array_equal(a[i][0], b[i][0]) and np.array_equal(a[i][1], b[i][1]), (split, i)
         assert one.splits[split].filtered == parts.splits[split].filtered
         assert one.splits[split].num_lines == parts.splits[split].num_lines
-    assert parts.splits["train"].filtered["blank_line"] == 2 and parts.splits["train"].filtered["too_long"] == 1
+    assert (
+        parts.splits["train"].filtered["blank_line"] == 2
+        and parts.splits["train"].filtered["too_long"] == 1
+    )
     for epoch in (1, 2):
         cfg = BatchingConfig(layout="padded", max_tokens=200)
         a, b = ParallelCorpus(str(single), "train"), ParallelCorpus(str(sharded), "train")
         x = global_batches(a.src_lengths, a.tgt_lengths, cfg, seed=3, epoch=epoch)
         y = global_batches(b.src_lengths, b.tgt_lengths, cfg, seed=3, epoch=epoch)
-        assert np.array_equal(x.indices, y.indices) and np.array_equal(x.starts, y.starts) and np.array_equal(x.ends, y.ends)
+        assert (
+            np.array_equal(x.indices, y.indices)
+            and np.array_equal(x.starts, y.starts)
+            and np.array_equal(x.ends, y.ends)
+        )
 
 
 def test_training_losses_are_the_same_on_parts(datasets, tmp_path):
     losses = []
     for name in ("single", "sharded"):
         command = [
-            sys.executable, "-m", "nmt_cli.train", str(datasets / name), "--save-dir", str(tmp_path / name), "--max-update", "4",
-            "--max-tokens", "256", "--log-format", "json", "--log-interval", "1", "--seed", "3", "--no-epoch-checkpoints",
-            "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-            "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-            "--decoder-attention-heads", "2", "--share-all-embeddings",
+            sys.executable,
+            "-m",
+            "nmt_cli.train",
+            str(datasets / name),
+            "--save-dir",
+            str(tmp_path / name),
+            "--max-update",
+            "4",
+            "--max-tokens",
+            "256",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "1",
+            "--seed",
+            "3",
+            "--no-epoch-checkpoints",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "32",
+            "--decoder-embed-dim",
+            "32",
+            "--encoder-ffn-embed-dim",
+            "64",
+            "--decoder-ffn-embed-dim",
+            "64",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-attention-heads",
+            "2",
+            "--share-all-embeddings",
         ]
         result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-        losses.append([(r["update"], r["loss"], r["ntokens"]) for r in records if r["kind"] == "train"])
+        losses.append(
+            [(r["update"], r["loss"], r["ntokens"]) for r in records if r["kind"] == "train"]
+        )
     assert len(losses[0]) == 4
     assert losses[0] == losses[1]
 
@@ -120,10 +177,17 @@ def test_shards_run_by_hand_complete_the_dataset_when_the_last_one_finishes(data
     assert [s.name for s in stats] == ["train", "train1"]  # valid and test go with part 0
     manifest, _ = preprocess(PreprocessConfig(**values, shard_id=0))
     assert manifest.directory == str(tmp_path / "by-hand")
-    a, b = ParallelCorpus(str(datasets / "single"), "train"), ParallelCorpus(str(tmp_path / "by-hand"), "train")
-    assert np.array_equal(a.src_lengths, b.src_lengths) and all(np.array_equal(a[i][1], b[i][1]) for i in range(len(a)))
+    a, b = (
+        ParallelCorpus(str(datasets / "single"), "train"),
+        ParallelCorpus(str(tmp_path / "by-hand"), "train"),
+    )
+    assert np.array_equal(a.src_lengths, b.src_lengths) and all(
+        np.array_equal(a[i][1], b[i][1]) for i in range(len(a))
+    )
     with pytest.raises(ValueError, match="in use by another run|holds a complete dataset"):
-        preprocess(PreprocessConfig(**values, shard_id=1))  # the complete dataset is not overwritten by accident
+        preprocess(
+            PreprocessConfig(**values, shard_id=1)
+        )  # the complete dataset is not overwritten by accident
 
 
 def test_merged_parts_are_the_single_process_files(datasets, tmp_path):
@@ -134,5 +198,9 @@ def test_merged_parts_are_the_single_process_files(datasets, tmp_path):
     assert load_manifest(str(tmp_path / "merged")).splits == manifest.splits
     verify_checksums(manifest)
     for name in ("train.en.bin", "train.de.idx", "train1.en.bin", "train.line_numbers.npy"):
-        assert (tmp_path / "merged" / name).read_bytes() == (datasets / "single" / name).read_bytes(), name
-    assert not [p for p in os.listdir(tmp_path / "merged" / "part-00001-of-00003") if p.startswith("train")]
+        assert (tmp_path / "merged" / name).read_bytes() == (
+            datasets / "single" / name
+        ).read_bytes(), name
+    assert not [
+        p for p in os.listdir(tmp_path / "merged" / "part-00001-of-00003") if p.startswith("train")
+    ]

@@ -5,7 +5,14 @@ import random
 import pytest
 import zstandard
 
-from nmt.data.text import DataError, LineReader, decode_lines, iter_parallel_chunks, read_raw_lines, resolve_text_file
+from nmt.data.text import (
+    DataError,
+    LineReader,
+    decode_lines,
+    iter_parallel_chunks,
+    read_raw_lines,
+    resolve_text_file,
+)
 
 
 def test_split_on_newline_only_keeping_other_breaks_inside_lines(tmp_path):
@@ -34,7 +41,10 @@ def test_block_reader_matches_whole_file_split_at_every_block_size(tmp_path):
     rng = random.Random(0)
     path = tmp_path / "x.en"
     for _ in range(300):
-        lines = [rng.choice([b"", b"a", b"bb\r", b"c\rd", b"\r", b"xyz" * rng.randint(0, 5)]) for _ in range(rng.randint(0, 30))]
+        lines = [
+            rng.choice([b"", b"a", b"bb\r", b"c\rd", b"\r", b"xyz" * rng.randint(0, 5)])
+            for _ in range(rng.randint(0, 30))
+        ]
         data = b"\n".join(line + (b"\r" if rng.random() < 0.3 else b"") for line in lines)
         if lines and rng.random() < 0.5:
             data += b"\n"
@@ -79,8 +89,13 @@ def test_corrupt_compressed_input_names_the_file(tmp_path):
 def test_line_count_mismatch_found_at_the_end_names_both_files_and_counts(tmp_path):
     (tmp_path / "c.en").write_text("a\n" * 50_003)
     (tmp_path / "c.de").write_text("a\n" * 50_000)
-    chunks = iter_parallel_chunks(str(tmp_path / "c.en"), str(tmp_path / "c.de"), chunk_lines=20_000)
-    assert [first for first, _, _ in (next(chunks), next(chunks))] == [0, 20_000]  # streamed before the end is seen
+    chunks = iter_parallel_chunks(
+        str(tmp_path / "c.en"), str(tmp_path / "c.de"), chunk_lines=20_000
+    )
+    assert [first for first, _, _ in (next(chunks), next(chunks))] == [
+        0,
+        20_000,
+    ]  # streamed before the end is seen
     with pytest.raises(DataError) as error:
         list(chunks)
     message = str(error.value)
@@ -90,9 +105,15 @@ def test_line_count_mismatch_found_at_the_end_names_both_files_and_counts(tmp_pa
 def test_chunks_of_a_line_range(tmp_path):
     (tmp_path / "c.en").write_text("".join(f"e{i}\n" for i in range(100)))
     (tmp_path / "c.de").write_text("".join(f"d{i}\n" for i in range(100)))
-    chunks = list(iter_parallel_chunks(str(tmp_path / "c.en"), str(tmp_path / "c.de"), chunk_lines=7, start=30, stop=61))
+    chunks = list(
+        iter_parallel_chunks(
+            str(tmp_path / "c.en"), str(tmp_path / "c.de"), chunk_lines=7, start=30, stop=61
+        )
+    )
     assert [first for first, _, _ in chunks] == [30, 37, 44, 51, 58]
-    assert [line for _, src, _ in chunks for line in src] == [f"e{i}".encode() for i in range(30, 61)]
+    assert [line for _, src, _ in chunks for line in src] == [
+        f"e{i}".encode() for i in range(30, 61)
+    ]
 
 
 def test_invalid_utf8_names_file_and_line():

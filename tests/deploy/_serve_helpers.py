@@ -30,7 +30,9 @@ class Server:
 def post(url: str, body: bytes | dict, *, timeout: float = 60.0) -> tuple[int, dict]:
     """POST JSON (or raw bytes); (status, parsed JSON body) for 2xx and 4xx/5xx alike."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -49,7 +51,18 @@ def serve(path: str, *args: str, log_dir: pathlib.Path) -> Iterator[Server]:
     log_path = str(log_dir / f"serve-{time.monotonic_ns()}.log")
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "nmt_cli.serve", "--path", path, "--port", "0", "--threads", "1", *args],
+            [
+                sys.executable,
+                "-m",
+                "nmt_cli.serve",
+                "--path",
+                path,
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                *args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -74,6 +87,15 @@ def serve(path: str, *args: str, log_dir: pathlib.Path) -> Iterator[Server]:
 
 def chromium_binaries() -> tuple[str, str] | None:
     """(chromium, chromedriver) from Debian's packages, if installed."""
-    chromium = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)), None)
-    driver = next((p for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver") if os.path.exists(p)), None)
+    chromium = next(
+        (p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)), None
+    )
+    driver = next(
+        (
+            p
+            for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
+            if os.path.exists(p)
+        ),
+        None,
+    )
     return (chromium, driver) if chromium and driver else None

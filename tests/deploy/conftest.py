@@ -18,7 +18,9 @@ def _eval_conftest():
     """tests/eval/conftest.py as a module: its tiny-model recipe is shared, not copied."""
     name = "_nmt_tests_eval_conftest"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).parent.parent / "eval" / "conftest.py")
+        spec = importlib.util.spec_from_file_location(
+            name, pathlib.Path(__file__).parent.parent / "eval" / "conftest.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up while the file runs
         spec.loader.exec_module(module)

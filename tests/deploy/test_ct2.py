@@ -35,10 +35,14 @@ def test_float32_export_gives_our_translations_and_scores(tiny, exported) -> Non
         assert [n[0].tokens for n in got] == [n[0].tokens for n in expected]
         assert [n[0].text for n in got] == [n[0].text for n in expected]
         # Same normalisation as ours: sum of log-probs with EOS, divided by (tokens + 1) ** lenpen.
-        np.testing.assert_allclose([n[0].score for n in got], [n[0].score for n in expected], atol=5e-4)  # CTranslate2 vectorised exp/log
+        np.testing.assert_allclose(
+            [n[0].score for n in got], [n[0].score for n in expected], atol=5e-4
+        )  # CTranslate2 vectorised exp/log
     lenpen = dict(beam=4, lenpen=0.3, nbest=2)
     assert theirs.translate(tiny.test_src, **lenpen) == ours.translate(tiny.test_src, **lenpen)
-    assert [len(n) for n in theirs.translate_nbest(tiny.test_src, **lenpen)] == [2] * len(tiny.test_src)
+    assert [len(n) for n in theirs.translate_nbest(tiny.test_src, **lenpen)] == [2] * len(
+        tiny.test_src
+    )
 
 
 def test_length_limits_and_empty_lines_as_ours(tiny, exported) -> None:
@@ -56,25 +60,43 @@ def test_length_limits_and_empty_lines_as_ours(tiny, exported) -> None:
     sources = [np.array(ids + [EOS_ID]) for ids in theirs.src_spm.encode(tiny.test_src)]
     for source, nbest in zip(sources, theirs.generate(sources, beam=5, nbest=5, **tight)):
         assert all(len(h.tokens) <= int(0.3 * len(source) + 1) for h in nbest)
-    assert any(len(n[0].tokens) < len(m[0].tokens) for n, m in zip(greedy_theirs, ours.translate_nbest(tiny.test_src, beam=1)))
+    assert any(
+        len(n[0].tokens) < len(m[0].tokens)
+        for n, m in zip(greedy_theirs, ours.translate_nbest(tiny.test_src, beam=1))
+    )
 
 
 def test_sampling_draws_ranked_samples(tiny, exported) -> None:
     theirs = Translator.from_checkpoint(exported)
-    samples = theirs.translate_nbest(tiny.test_src, sampling=True, beam=4, nbest=4, temperature=3.0, seed=7)
-    assert all(len(n) == 4 and [t.score for t in n] == sorted((t.score for t in n), reverse=True) for n in samples)
-    assert any(len({t.text for t in n}) > 1 for n in samples)  # samples, not four copies of the best
+    samples = theirs.translate_nbest(
+        tiny.test_src, sampling=True, beam=4, nbest=4, temperature=3.0, seed=7
+    )
+    assert all(
+        len(n) == 4 and [t.score for t in n] == sorted((t.score for t in n), reverse=True)
+        for n in samples
+    )
+    assert any(
+        len({t.text for t in n}) > 1 for n in samples
+    )  # samples, not four copies of the best
 
 
 def _config_variants() -> dict[str, dict]:
     return {
         "prenorm_gelu_learned_separate": dict(
-            encoder_normalize_before=True, decoder_normalize_before=True, activation_fn="gelu",
-            encoder_learned_pos=True, decoder_learned_pos=True, no_scale_embedding=True,
+            encoder_normalize_before=True,
+            decoder_normalize_before=True,
+            activation_fn="gelu",
+            encoder_learned_pos=True,
+            decoder_learned_pos=True,
+            no_scale_embedding=True,
         ),
         "mixed_norms_heads_dims_shared_output": dict(
-            encoder_normalize_before=False, decoder_normalize_before=True, encoder_attention_heads=2,
-            decoder_embed_dim=48, decoder_attention_heads=3, decoder_ffn_embed_dim=96,
+            encoder_normalize_before=False,
+            decoder_normalize_before=True,
+            encoder_attention_heads=2,
+            decoder_embed_dim=48,
+            decoder_attention_heads=3,
+            decoder_ffn_embed_dim=96,
             share_decoder_input_output_embed=True,
         ),
         "postnorm_shared_all": dict(share_all_embeddings=True),
@@ -87,9 +109,17 @@ def test_every_weight_maps_exactly(tiny, tmp_path, variant) -> None:
     state = load_checkpoint(tiny.checkpoint)
     vocab_size = state["model_config"]["src_vocab_size"]
     base = dict(
-        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, encoder_layers=2, decoder_layers=3,
-        encoder_embed_dim=64, decoder_embed_dim=64, encoder_ffn_embed_dim=128, decoder_ffn_embed_dim=128,
-        dropout=0.0, max_source_positions=40, max_target_positions=48,
+        src_vocab_size=vocab_size,
+        tgt_vocab_size=vocab_size,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_embed_dim=64,
+        decoder_embed_dim=64,
+        encoder_ffn_embed_dim=128,
+        decoder_ffn_embed_dim=128,
+        dropout=0.0,
+        max_source_positions=40,
+        max_target_positions=48,
     )
     cfg = ModelConfig(**{**base, **_config_variants()[variant]})
     torch.manual_seed(0)
@@ -99,7 +129,9 @@ def test_every_weight_maps_exactly(tiny, tmp_path, variant) -> None:
             if name.endswith("bias") or "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
     checkpoint = str(tmp_path / "random.pt")
-    atomic_torch_save({**state, "model": model.state_dict(), "model_config": dataclasses.asdict(cfg)}, checkpoint)
+    atomic_torch_save(
+        {**state, "model": model.state_dict(), "model_config": dataclasses.asdict(cfg)}, checkpoint
+    )
     export_ctranslate2([checkpoint], str(tmp_path / "ct2"))
 
     spm = SentencePieceModel(bytes(state["vocab"]["src_spm"].numpy()))
@@ -123,7 +155,9 @@ def test_every_weight_maps_exactly(tiny, tmp_path, variant) -> None:
 def test_int8_export_is_smaller_and_translates_alike(tiny, exported, tmp_path) -> None:
     int8 = str(tmp_path / "int8")
     export_ctranslate2([tiny.checkpoint], int8, quantization="int8")
-    assert os.path.getsize(os.path.join(int8, "model.bin")) < 0.5 * os.path.getsize(os.path.join(exported, "model.bin"))
+    assert os.path.getsize(os.path.join(int8, "model.bin")) < 0.5 * os.path.getsize(
+        os.path.join(exported, "model.bin")
+    )
     with open(os.path.join(int8, "nmt_export.json"), encoding="utf-8") as handle:
         assert json.load(handle)["quantization"] == "int8"
     ours = Translator.from_checkpoint(tiny.checkpoint).translate(tiny.test_src)
@@ -135,41 +169,78 @@ def test_cli_export_then_nmt_eval_on_the_directory(tiny, tmp_path, capsys) -> No
     output_dir = str(tmp_path / "ct2")
     assert export_main([tiny.checkpoint, "--output-dir", output_dir]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert sorted(os.listdir(output_dir)) == ["config.json", "model.bin", "nmt_export.json", "shared_vocabulary.json", "spm.model"]
+    assert sorted(os.listdir(output_dir)) == [
+        "config.json",
+        "model.bin",
+        "nmt_export.json",
+        "shared_vocabulary.json",
+        "spm.model",
+    ]
     hypotheses = {}
     for name, path in (("ours", tiny.checkpoint), ("ct2", output_dir)):
         hypotheses[name] = str(tmp_path / f"{name}.de")
-        assert eval_main([tiny.data_dir, "--path", path, "--split", "test", "--output", hypotheses[name]]) == 0
+        assert (
+            eval_main(
+                [tiny.data_dir, "--path", path, "--split", "test", "--output", hypotheses[name]]
+            )
+            == 0
+        )
         assert "BLEU = " in capsys.readouterr().out
-    with open(hypotheses["ours"], encoding="utf-8") as a, open(hypotheses["ct2"], encoding="utf-8") as b:
+    with (
+        open(hypotheses["ours"], encoding="utf-8") as a,
+        open(hypotheses["ct2"], encoding="utf-8") as b,
+    ):
         assert a.read() == b.read()
     # An existing directory is kept unless --force; with --force it is replaced whole.
     assert export_main([tiny.checkpoint, "--output-dir", output_dir, "--quantization", "int8"]) == 1
     assert "pass --force" in capsys.readouterr().err
-    assert export_main([tiny.checkpoint, "--output-dir", output_dir, "--quantization", "int8", "--force"]) == 0
+    assert (
+        export_main(
+            [tiny.checkpoint, "--output-dir", output_dir, "--quantization", "int8", "--force"]
+        )
+        == 0
+    )
     with open(os.path.join(output_dir, "nmt_export.json"), encoding="utf-8") as handle:
         assert json.load(handle)["quantization"] == "int8"
-    assert not [name for name in os.listdir(tmp_path) if name.startswith(".ct2")]  # no temporary left
+    assert not [
+        name for name in os.listdir(tmp_path) if name.startswith(".ct2")
+    ]  # no temporary left
 
 
-def test_half_precision_flags_are_ignored_on_an_export_with_a_warning(tiny, exported, caplog) -> None:
+def test_half_precision_flags_are_ignored_on_an_export_with_a_warning(
+    tiny, exported, caplog
+) -> None:
     theirs = Translator.from_checkpoint(exported, dtype="float16")
-    assert theirs.translate(tiny.test_src[:3]) == Translator.from_checkpoint(exported).translate(tiny.test_src[:3])
-    assert any("runs the type it was exported with; float16 ignored" in r.getMessage() for r in caplog.records)
+    assert theirs.translate(tiny.test_src[:3]) == Translator.from_checkpoint(exported).translate(
+        tiny.test_src[:3]
+    )
+    assert any(
+        "runs the type it was exported with; float16 ignored" in r.getMessage()
+        for r in caplog.records
+    )
 
 
-def test_nmt_eval_refuses_forced_decoding_on_an_export_before_reading_input(exported, tmp_path, capsys) -> None:
+def test_nmt_eval_refuses_forced_decoding_on_an_export_before_reading_input(
+    exported, tmp_path, capsys
+) -> None:
     broken = tmp_path / "broken.en"
     broken.write_bytes(b"\xff not UTF-8\n")  # read first, this would be the error
     assert eval_main(["--path", exported, "--input", str(broken), "--format", "fairseq"]) == 1
-    assert "needs the PyTorch checkpoint; an exported directory only translates" in capsys.readouterr().err
+    assert (
+        "needs the PyTorch checkpoint; an exported directory only translates"
+        in capsys.readouterr().err
+    )
 
 
 def test_ctranslate2_runs_one_thread_per_core_unless_told(exported, monkeypatch) -> None:
     """CTranslate2's own default is 4 threads whatever the machine (oversubscribed on 2 cores)."""
     threads = []
     real = ctranslate2.Translator
-    monkeypatch.setattr(ctranslate2, "Translator", lambda *args, **kwargs: threads.append(kwargs["intra_threads"]) or real(*args, **kwargs))
+    monkeypatch.setattr(
+        ctranslate2,
+        "Translator",
+        lambda *args, **kwargs: threads.append(kwargs["intra_threads"]) or real(*args, **kwargs),
+    )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     CT2Model.load(exported)
     CT2Model.load(exported, threads=3)
@@ -189,9 +260,13 @@ def test_an_exported_model_translates_without_importing_torch(tiny, exported) ->
         f"print(repr(nmt.Translator.from_checkpoint({exported!r}).translate('a b c')))\n"
         "print('torch imported:', 'torch' in sys.modules)\n"
     )
-    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
-    assert "BLEU = " in run.stdout and run.stdout.strip().endswith("torch imported: False"), run.stdout
+    assert "BLEU = " in run.stdout and run.stdout.strip().endswith("torch imported: False"), (
+        run.stdout
+    )
     assert "decoding on cpu with CTranslate2 (float32)" in run.stderr
 
 
@@ -208,23 +283,41 @@ def test_what_cannot_be_exported_is_a_one_line_error(tiny, tmp_path, capsys, mon
 
     newer = {**state, "model_config": {**state["model_config"], "rotary_positions": True}}
     atomic_torch_save(newer, str(tmp_path / "newer.pt"))
-    assert "--rotary-positions is not supported" in _one_line_error([str(tmp_path / "newer.pt"), "--output-dir", output_dir], capsys)
+    assert "--rotary-positions is not supported" in _one_line_error(
+        [str(tmp_path / "newer.pt"), "--output-dir", output_dir], capsys
+    )
 
-    extra = {**state, "model": {**state["model"], "encoder.layernorm_embedding.weight": torch.ones(4)}}
+    extra = {
+        **state,
+        "model": {**state["model"], "encoder.layernorm_embedding.weight": torch.ones(4)},
+    }
     atomic_torch_save(extra, str(tmp_path / "extra.pt"))
-    assert "weights do not match" in _one_line_error([str(tmp_path / "extra.pt"), "--output-dir", output_dir], capsys)
+    assert "weights do not match" in _one_line_error(
+        [str(tmp_path / "extra.pt"), "--output-dir", output_dir], capsys
+    )
 
-    resized = {**state, "model_config": {**state["model_config"], "src_vocab_size": 80, "tgt_vocab_size": 80}}
-    resized["model"] = build_model(ModelConfig(**{**state["model_config"], "src_vocab_size": 80, "tgt_vocab_size": 80})).state_dict()
+    resized = {
+        **state,
+        "model_config": {**state["model_config"], "src_vocab_size": 80, "tgt_vocab_size": 80},
+    }
+    resized["model"] = build_model(
+        ModelConfig(**{**state["model_config"], "src_vocab_size": 80, "tgt_vocab_size": 80})
+    ).state_dict()
     atomic_torch_save(resized, str(tmp_path / "resized.pt"))
-    assert "differs from its SentencePiece model" in _one_line_error([str(tmp_path / "resized.pt"), "--output-dir", output_dir], capsys)
+    assert "differs from its SentencePiece model" in _one_line_error(
+        [str(tmp_path / "resized.pt"), "--output-dir", output_dir], capsys
+    )
 
     (tmp_path / "garbage.pt").write_bytes(b"garbage")
-    assert "not an nmt checkpoint" in _one_line_error([str(tmp_path / "garbage.pt"), "--output-dir", output_dir], capsys)
+    assert "not an nmt checkpoint" in _one_line_error(
+        [str(tmp_path / "garbage.pt"), "--output-dir", output_dir], capsys
+    )
     assert not os.path.exists(output_dir)  # nothing half-written
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
-    assert "pip install 'nmt[ct2]'" in _one_line_error([tiny.checkpoint, "--output-dir", output_dir], capsys)
+    assert "pip install 'nmt[ct2]'" in _one_line_error(
+        [tiny.checkpoint, "--output-dir", output_dir], capsys
+    )
 
 
 def test_a_parameter_the_exporter_does_not_know_is_refused(tiny) -> None:
@@ -233,7 +326,9 @@ def test_a_parameter_the_exporter_does_not_know_is_refused(tiny) -> None:
     model = build_model(ModelConfig(**state["model_config"]))
     model.decoder.register_parameter("output_bias", torch.nn.Parameter(torch.zeros(4)))
     spm = SentencePieceModel(bytes(state["vocab"]["src_spm"].numpy()))
-    with pytest.raises(ValueError, match="parameter decoder.output_bias has no CTranslate2 counterpart"):
+    with pytest.raises(
+        ValueError, match="parameter decoder.output_bias has no CTranslate2 counterpart"
+    ):
         build_spec(model, src_spm=spm, tgt_spm=spm, name="grown.pt")
 
 
@@ -247,10 +342,15 @@ def test_directory_errors_name_the_directory(tiny, exported, tmp_path, monkeypat
     with pytest.raises(ValueError, match="--device mps: CTranslate2 runs on cpu or cuda"):
         Translator.from_checkpoint(exported, device="mps")
     if ctranslate2.get_cuda_device_count() == 0:
-        with pytest.raises(ValueError, match=r"--device cuda:0: no CUDA device is available \(use --device auto or cpu\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"--device cuda:0: no CUDA device is available \(use --device auto or cpu\)",
+        ):
             Translator.from_checkpoint(exported, device="cuda:0")
     with pytest.raises(ValueError, match="an exported directory decodes alone"):
         Translator.from_checkpoint([tiny.checkpoint, exported])
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
-    with pytest.raises(ValueError, match=r"needs the ctranslate2 package: pip install 'nmt\[ct2\]'"):
+    with pytest.raises(
+        ValueError, match=r"needs the ctranslate2 package: pip install 'nmt\[ct2\]'"
+    ):
         Translator.from_checkpoint(exported)

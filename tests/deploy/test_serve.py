@@ -11,8 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from _serve_helpers import get, post, serve
+
 from nmt.deploy.serve import RequestError, ServeConfig, parse_request
 from nmt.eval import Translator
 
@@ -22,7 +22,10 @@ def _parse(body: bytes, **limits):
 
 
 def test_parse_request_shapes_and_one_line_errors() -> None:
-    assert _parse(b'{"q": "a dog\\nthe cat", "source": "en", "target": "de"}') == ([["a dog", "the cat"]], False)
+    assert _parse(b'{"q": "a dog\\nthe cat", "source": "en", "target": "de"}') == (
+        [["a dog", "the cat"]],
+        False,
+    )
     assert _parse(b'{"q": ["a", ""], "source": "auto"}') == ([["a"], [""]], True)
     assert _parse('{"q": "a\u2028b\\r"}'.encode()) == ([["a\u2028b\r"]], False)  # "\n" only splits
     for body, message in (
@@ -46,28 +49,56 @@ def test_parse_request_shapes_and_one_line_errors() -> None:
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
     """A torch-backed server with small limits, so that over-limit requests are cheap to make."""
-    with serve(tiny.checkpoint, "--max-request-sentences", "40", "--max-body-bytes", "4096", "--max-wait-ms", "20",
-               log_dir=tmp_path_factory.mktemp("serve")) as running:
+    with serve(
+        tiny.checkpoint,
+        "--max-request-sentences",
+        "40",
+        "--max-body-bytes",
+        "4096",
+        "--max-wait-ms",
+        "20",
+        log_dir=tmp_path_factory.mktemp("serve"),
+    ) as running:
         yield running
 
 
 def test_concurrent_clients_are_batched_and_answered_as_the_translator_does(tiny, server) -> None:
-    expected = dict(zip(tiny.test_src, Translator.from_checkpoint(tiny.checkpoint).translate(tiny.test_src, beam=5)))
+    expected = dict(
+        zip(
+            tiny.test_src,
+            Translator.from_checkpoint(tiny.checkpoint).translate(tiny.test_src, beam=5),
+        )
+    )
     requests = [tiny.test_src[i % len(tiny.test_src)] for i in range(96)]
     _, before = get(server.url + "/health")
     with ThreadPoolExecutor(16) as clients:
-        answers = list(clients.map(lambda q: post(server.url + "/translate", {"q": q, "source": "en", "target": "de"}), requests))
+        answers = list(
+            clients.map(
+                lambda q: post(server.url + "/translate", {"q": q, "source": "en", "target": "de"}),
+                requests,
+            )
+        )
     assert [status for status, _ in answers] == [200] * len(requests)
     assert [body["translatedText"] for _, body in answers] == [expected[q] for q in requests]
     status, health = get(server.url + "/health")
     num_batches = json.loads(health)["batches"] - json.loads(before)["batches"]
     assert status == 200 and num_batches < len(requests) / 2  # requests were decoded together
-    batch_lines = re.findall(r"batch \d+: (\d+) requests, (\d+) sentences, \d+ source tokens -> \d+ target tokens, [\d.]+ ms", server.log())
+    batch_lines = re.findall(
+        r"batch \d+: (\d+) requests, (\d+) sentences, \d+ source tokens -> \d+ target tokens, [\d.]+ ms",
+        server.log(),
+    )
     assert max(int(num_requests) for num_requests, _ in batch_lines) > 1
     # A list of texts, each of several lines, comes back in the same shape.
-    status, body = post(server.url + "/translate", {"q": [tiny.test_src[0] + "\n" + tiny.test_src[1], "", tiny.test_src[2]]})
+    status, body = post(
+        server.url + "/translate",
+        {"q": [tiny.test_src[0] + "\n" + tiny.test_src[1], "", tiny.test_src[2]]},
+    )
     assert status == 200
-    assert body["translatedText"] == [expected[tiny.test_src[0]] + "\n" + expected[tiny.test_src[1]], "", expected[tiny.test_src[2]]]
+    assert body["translatedText"] == [
+        expected[tiny.test_src[0]] + "\n" + expected[tiny.test_src[1]],
+        "",
+        expected[tiny.test_src[2]],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -81,7 +112,9 @@ def test_concurrent_clients_are_batched_and_answered_as_the_translator_does(tiny
         (b'{"q": "a dog", "target": "fr"}', 400, "translates en -> de"),
     ],
 )
-def test_bad_requests_get_4xx_json_and_the_service_stays_up(tiny, server, body, status, message) -> None:
+def test_bad_requests_get_4xx_json_and_the_service_stays_up(
+    tiny, server, body, status, message
+) -> None:
     got_status, got = post(server.url + "/translate", body)
     assert got_status == status and message in got["error"]
     assert get(server.url + "/health")[0] == 200
@@ -92,7 +125,10 @@ def test_unknown_routes_and_methods_answer_json(server) -> None:
     import urllib.error
     import urllib.request
 
-    for request, code in ((urllib.request.Request(server.url + "/nope"), 404), (urllib.request.Request(server.url + "/translate"), 405)):
+    for request, code in (
+        (urllib.request.Request(server.url + "/nope"), 404),
+        (urllib.request.Request(server.url + "/translate"), 405),
+    ):
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request, timeout=30)
         assert caught.value.code == code and "error" in json.loads(caught.value.read())
@@ -130,7 +166,9 @@ def test_serves_an_exported_directory_through_ctranslate2(tiny, exported, tmp_pa
     with serve(exported, log_dir=tmp_path) as running:
         assert json.loads(get(running.url + "/health")[1])["backend"] == "ctranslate2"
         with ThreadPoolExecutor(8) as clients:
-            answers = list(clients.map(lambda q: post(running.url + "/translate", {"q": [q]}), tiny.test_src))
+            answers = list(
+                clients.map(lambda q: post(running.url + "/translate", {"q": [q]}), tiny.test_src)
+            )
     assert [body["translatedText"] for _, body in answers] == [[text] for text in expected]
 
 
@@ -141,12 +179,19 @@ def test_startup_errors_are_one_line(tiny, tmp_path, capsys) -> None:
         port = str(taken.getsockname()[1])
         assert main(["--path", tiny.checkpoint, "--port", port]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"nmt-serve: error: --host/--port: cannot listen on 127.0.0.1:{port} (Address already in use")
+    assert err.startswith(
+        f"nmt-serve: error: --host/--port: cannot listen on 127.0.0.1:{port} (Address already in use"
+    )
     for argv, message in (
         (["--path", str(tmp_path / "none.pt"), "--port", "0"], "no such checkpoint file"),
         (["--path", str(tmp_path), "--port", "0"], "not one written by nmt-export"),
-        (["--path", tiny.checkpoint, "--port", "0", "--max-wait-ms", "-1"], "--max-wait-ms: must be >= 0"),
+        (
+            ["--path", tiny.checkpoint, "--port", "0", "--max-wait-ms", "-1"],
+            "--max-wait-ms: must be >= 0",
+        ),
     ):
         assert main(argv) == 1
         err = capsys.readouterr().err.strip()
-        assert err.startswith("nmt-serve: error:") and message in err and len(err.splitlines()) == 1, err
+        assert (
+            err.startswith("nmt-serve: error:") and message in err and len(err.splitlines()) == 1
+        ), err

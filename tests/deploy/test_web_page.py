@@ -6,14 +6,15 @@ import os
 import tempfile
 
 import pytest
-
 from _serve_helpers import chromium_binaries, serve
+
 from nmt.eval import Translator
 
 BINARIES = chromium_binaries()
 # CI installs chromium (.ci/run): there a missing browser is a failure, not a skip.
 pytestmark = pytest.mark.skipif(
-    BINARIES is None and not os.environ.get("CI"), reason="needs Debian's chromium and chromium-driver (apt-get install)"
+    BINARIES is None and not os.environ.get("CI"),
+    reason="needs Debian's chromium and chromium-driver (apt-get install)",
 )
 
 
@@ -22,14 +23,22 @@ def browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    assert BINARIES is not None, "chromium or chromedriver missing: apt-get install chromium chromium-driver"
+    assert BINARIES is not None, (
+        "chromium or chromedriver missing: apt-get install chromium chromium-driver"
+    )
     chromium, driver_path = BINARIES
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     with tempfile.TemporaryDirectory(prefix="nmt-chromium-") as profile:
         for flag in (
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
             f"--user-data-dir={profile}",
         ):
             options.add_argument(flag)

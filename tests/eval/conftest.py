@@ -75,7 +75,9 @@ def checkpoint_state(model: TransformerModel, *, spm_proto: bytes) -> dict:
 
 
 def _padded(rows: list[np.ndarray], *, prefix: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = [np.concatenate([np.asarray(prefix, dtype=np.int64), row.astype(np.int64)]) for row in rows]
+    rows = [
+        np.concatenate([np.asarray(prefix, dtype=np.int64), row.astype(np.int64)]) for row in rows
+    ]
     lengths = torch.tensor([len(row) for row in rows])
     tokens = torch.full((len(rows), int(lengths.max())), PAD_ID, dtype=torch.long)
     for i, row in enumerate(rows):
@@ -83,7 +85,9 @@ def _padded(rows: list[np.ndarray], *, prefix: list[int] = ()) -> tuple[torch.Te
     return tokens, lengths
 
 
-def train_tiny_model(corpus: ParallelCorpus, *, vocab_size: int, num_updates: int, seed: int) -> TransformerModel:
+def train_tiny_model(
+    corpus: ParallelCorpus, *, vocab_size: int, num_updates: int, seed: int
+) -> TransformerModel:
     torch.manual_seed(seed)
     model = build_model(tiny_model_config(vocab_size=vocab_size))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -163,4 +167,6 @@ def _make_tiny(root: pathlib.Path) -> TinySetup:
     checkpoint = str(root / "checkpoint_best.pt")
     atomic_torch_save(checkpoint_state(model, spm_proto=spm_proto), checkpoint)
     test_src, test_tgt = random_pairs(30, seed=2)
-    return TinySetup(data_dir=data_dir, checkpoint=checkpoint, model=model, test_src=test_src, test_tgt=test_tgt)
+    return TinySetup(
+        data_dir=data_dir, checkpoint=checkpoint, model=model, test_src=test_src, test_tgt=test_tgt
+    )

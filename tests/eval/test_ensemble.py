@@ -22,7 +22,9 @@ def perturbed(tiny, tmp_path_factory) -> str:
     state = load_checkpoint(tiny.checkpoint)
     generator = torch.Generator().manual_seed(7)
     state["model"] = {
-        name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator) if tensor.is_floating_point() else tensor
+        name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator)
+        if tensor.is_floating_point()
+        else tensor
         for name, tensor in state["model"].items()
     }
     path = str(tmp_path_factory.mktemp("perturbed") / "perturbed.pt")
@@ -56,23 +58,34 @@ def test_ensemble_follows_the_mean_probability_of_its_models(tiny, perturbed) ->
         allowed[:, [PAD_ID, BOS_ID]] = -torch.inf
         allowed[0, EOS_ID] = -torch.inf
         # EOS is forced after max_len tokens (1.2 * source length + 10): the last step is no choice then.
-        forced_end = len(hypothesis.tokens) >= max_target_lengths(np.array([len(source)]), both.config, max_positions=64)[0]
+        forced_end = (
+            len(hypothesis.tokens)
+            >= max_target_lengths(np.array([len(source)]), both.config, max_positions=64)[0]
+        )
         checked = len(target) - 1 if forced_end else len(target)
         assert allowed.argmax(dim=1).tolist()[:checked] == target[:checked]
         assert hypothesis.score == pytest.approx(float(chosen.sum()) / len(target), abs=1e-4)
         forced = both.score_targets([source], [target])[0].token_scores
         np.testing.assert_allclose(forced, chosen.numpy(), atol=1e-4)
         differs |= bool((per_model[0].argmax(1) != per_model[1].argmax(1)).any())
-    assert differs, "the two models never disagree: the test would not tell an ensemble from one model"
+    assert differs, (
+        "the two models never disagree: the test would not tell an ensemble from one model"
+    )
 
 
 def test_ensemble_of_one_model_twice_is_that_model(tiny, tmp_path) -> None:
     copy = str(tmp_path / "copy.pt")
     atomic_torch_save(load_checkpoint(tiny.checkpoint), copy)
-    one = Translator.from_checkpoint(tiny.checkpoint).translate_nbest(tiny.test_src[:6], beam=3, nbest=2)
-    two = Translator.from_checkpoint([tiny.checkpoint, copy]).translate_nbest(tiny.test_src[:6], beam=3, nbest=2)
+    one = Translator.from_checkpoint(tiny.checkpoint).translate_nbest(
+        tiny.test_src[:6], beam=3, nbest=2
+    )
+    two = Translator.from_checkpoint([tiny.checkpoint, copy]).translate_nbest(
+        tiny.test_src[:6], beam=3, nbest=2
+    )
     assert [[t.text for t in n] for n in two] == [[t.text for t in n] for n in one]
-    np.testing.assert_allclose([t.score for n in two for t in n], [t.score for n in one for t in n], atol=1e-5)
+    np.testing.assert_allclose(
+        [t.score for n in two for t in n], [t.score for n in one for t in n], atol=1e-5
+    )
 
 
 def test_ensemble_needs_one_vocabulary(tiny, tmp_path) -> None:
@@ -87,7 +100,10 @@ def test_ensemble_needs_one_vocabulary(tiny, tmp_path) -> None:
 def test_averaging_is_asked_for_explicitly(tiny, perturbed) -> None:
     averaged = Translator.from_checkpoint([tiny.checkpoint, perturbed], average=True)
     assert len(averaged.backend.models) == 1
-    expected = (load_checkpoint(tiny.checkpoint)["model"]["output_projection.weight"] + load_checkpoint(perturbed)["model"]["output_projection.weight"]) / 2
+    expected = (
+        load_checkpoint(tiny.checkpoint)["model"]["output_projection.weight"]
+        + load_checkpoint(perturbed)["model"]["output_projection.weight"]
+    ) / 2
     torch.testing.assert_close(averaged.model.output_projection.weight.detach(), expected)
 
 
@@ -97,7 +113,9 @@ def test_added_token_scores_and_alignments_agree_with_the_search(tiny) -> None:
     lenpen = 0.6
     nbest = translator.detokenize(translator.generate(sources, beam=4, nbest=3, lenpen=lenpen))
     translator.add_token_scores(sources, nbest, alignment=True)
-    assert nbest[0][0].positional_scores == [] and nbest[0][0].alignment == []  # empty line: never decoded
+    assert (
+        nbest[0][0].positional_scores == [] and nbest[0][0].alignment == []
+    )  # empty line: never decoded
     diagonal = total = 0
     for source, translations in zip(sources[1:], nbest[1:]):
         for translation in translations:

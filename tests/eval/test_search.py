@@ -35,7 +35,9 @@ def random_model(*, vocab_size: int, seed: int):
         dropout=0.0,
     )
     model = build_model(cfg).eval()
-    with torch.no_grad():  # sharper distributions than the init's near-uniform ones: fewer near-ties
+    with (
+        torch.no_grad()
+    ):  # sharper distributions than the init's near-uniform ones: fewer near-ties
         model.output_projection.weight.mul_(8.0)
     return model
 
@@ -48,13 +50,17 @@ def padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, lengths
 
 
-def teacher_forced_scores(model, source: list[int], outputs: list[list[int]], *, lenpen: float) -> list[float]:
+def teacher_forced_scores(
+    model, source: list[int], outputs: list[list[int]], *, lenpen: float
+) -> list[float]:
     """fairseq's score of each full output (ending with EOS): sum of log-probs / length ** lenpen."""
     src, src_lengths = padded([source] * len(outputs))
     prev, tgt_lengths = padded([[BOS_ID] + out[:-1] for out in outputs])
     target, _ = padded(outputs)
     with torch.no_grad():
-        lprobs = F.log_softmax(model.output_projection(model(src, src_lengths, prev, tgt_lengths)), dim=-1)
+        lprobs = F.log_softmax(
+            model.output_projection(model(src, src_lengths, prev, tgt_lengths)), dim=-1
+        )
     token_lprobs = lprobs.gather(2, target[:, :, None]).squeeze(2) * (target != PAD_ID)
     return (token_lprobs.sum(1) / tgt_lengths.float() ** lenpen).tolist()
 
@@ -66,13 +72,19 @@ def test_beam_search_finds_the_best_sequence_of_exhaustive_search(lenpen: float,
     source = [4, 5, 4, 3, EOS_ID]
     pieces = [t for t in range(VOCAB) if t not in (PAD_ID, BOS_ID, EOS_ID)]
     # max_len 3: one to three tokens (min_len 1 bans the empty output), then EOS.
-    outputs = [list(seq) + [EOS_ID] for n in (1, 2, 3) for seq in itertools.product(pieces, repeat=n)]
-    expected = sorted(zip(teacher_forced_scores(model, source, outputs, lenpen=lenpen), outputs), reverse=True)
+    outputs = [
+        list(seq) + [EOS_ID] for n in (1, 2, 3) for seq in itertools.product(pieces, repeat=n)
+    ]
+    expected = sorted(
+        zip(teacher_forced_scores(model, source, outputs, lenpen=lenpen), outputs), reverse=True
+    )
     cfg = EvalConfig(beam=len(outputs) + 1, nbest=5, max_len_a=0.0, max_len_b=3, lenpen=lenpen)
     src, src_lengths = padded([source])
     (found,) = generate(model, src, src_lengths, cfg)
     assert [hyp.tokens + [EOS_ID] for hyp in found] == [out for _, out in expected[:5]]
-    np.testing.assert_allclose([hyp.score for hyp in found], [score for score, _ in expected[:5]], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        [hyp.score for hyp in found], [score for score, _ in expected[:5]], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_beam_1_equals_greedy(tiny) -> None:
@@ -84,22 +96,31 @@ def test_beam_1_equals_greedy(tiny) -> None:
     ensemble = Ensemble([translator.model])
     with torch.inference_mode():
         state = ensemble.start(src, src_lengths)
-        max_len = max_target_lengths(src_lengths.numpy(), cfg, max_positions=ensemble.max_target_positions)
+        max_len = max_target_lengths(
+            src_lengths.numpy(), cfg, max_positions=ensemble.max_target_positions
+        )
         beam = _beam_search(ensemble, state, max_len, cfg, device=src.device)
     assert [h[0].tokens for h in beam] == [h[0].tokens for h in greedy]
     np.testing.assert_allclose([h[0].score for h in beam], [h[0].score for h in greedy], rtol=1e-5)
 
 
-@pytest.mark.parametrize("options", [dict(beam=1), dict(beam=4, nbest=3), dict(beam=3, no_repeat_ngram_size=2, lenpen=0.6)])
+@pytest.mark.parametrize(
+    "options",
+    [dict(beam=1), dict(beam=4, nbest=3), dict(beam=3, no_repeat_ngram_size=2, lenpen=0.6)],
+)
 def test_batched_decoding_equals_one_by_one(tiny, options) -> None:
     translator = Translator.from_checkpoint(tiny.checkpoint)
     sources = [np.array(ids + [EOS_ID]) for ids in translator.src_spm.encode(tiny.test_src)]
     one_by_one = translator.generate(sources, batch_size=1, **options)
     for batching in (dict(batch_size=64), dict(max_tokens=40)):
         batched = translator.generate(sources, **batching, **options)
-        assert [[h.tokens for h in nbest] for nbest in batched] == [[h.tokens for h in nbest] for nbest in one_by_one]
+        assert [[h.tokens for h in nbest] for nbest in batched] == [
+            [h.tokens for h in nbest] for nbest in one_by_one
+        ]
         np.testing.assert_allclose(
-            [h.score for nbest in batched for h in nbest], [h.score for nbest in one_by_one for h in nbest], rtol=1e-4
+            [h.score for nbest in batched for h in nbest],
+            [h.score for nbest in one_by_one for h in nbest],
+            rtol=1e-4,
         )
 
 
@@ -121,7 +142,10 @@ def test_nbest_is_sorted_distinct_and_within_max_length(tiny) -> None:
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(h.tokens) for h in nbest}) == 5
         assert all(len(h.tokens) <= int(0.5 * len(source) + 1) for h in nbest)
-        assert all(EOS_ID not in h.tokens and BOS_ID not in h.tokens and PAD_ID not in h.tokens for h in nbest)
+        assert all(
+            EOS_ID not in h.tokens and BOS_ID not in h.tokens and PAD_ID not in h.tokens
+            for h in nbest
+        )
 
 
 @pytest.mark.parametrize("options", [dict(beam=1), dict(beam=4), dict(beam=2, sampling=True)])
@@ -130,12 +154,16 @@ def test_no_repeat_ngram_size(options) -> None:
     src, src_lengths = padded([[4, 5, 6, 7, EOS_ID], [5, 5, EOS_ID]])
     # min_len 20 keeps outputs long; when the bans leave no other token, EOS ends the output early.
     lengths = dict(max_len_a=0.0, max_len_b=20, min_len=20)
-    for (hyp, *_) in generate(model, src, src_lengths, EvalConfig(**lengths, no_repeat_ngram_size=2, **options)):
+    for hyp, *_ in generate(
+        model, src, src_lengths, EvalConfig(**lengths, no_repeat_ngram_size=2, **options)
+    ):
         bigrams = list(zip([BOS_ID] + hyp.tokens, hyp.tokens))
         assert len(bigrams) == len(set(bigrams))
         assert PAD_ID not in hyp.tokens
     unconstrained = generate(model, src, src_lengths, EvalConfig(**lengths, **options))
-    assert all(len(set(zip(h[0].tokens, h[0].tokens[1:]))) < len(h[0].tokens) - 1 for h in unconstrained)
+    assert all(
+        len(set(zip(h[0].tokens, h[0].tokens[1:]))) < len(h[0].tokens) - 1 for h in unconstrained
+    )
 
 
 def test_sampling_is_reproducible_and_topk_1_is_greedy(tiny) -> None:
@@ -144,7 +172,9 @@ def test_sampling_is_reproducible_and_topk_1_is_greedy(tiny) -> None:
     first = translator.translate(lines, sampling=True, beam=3, temperature=1.5, seed=7)
     assert translator.translate(lines, sampling=True, beam=3, temperature=1.5, seed=7) == first
     assert translator.translate(lines, sampling=True, topk=1) == translator.translate(lines, beam=1)
-    assert translator.translate(lines, sampling=True, topp=1e-6) == translator.translate(lines, beam=1)
+    assert translator.translate(lines, sampling=True, topp=1e-6) == translator.translate(
+        lines, beam=1
+    )
     nbest = translator.translate_nbest(lines, sampling=True, beam=4, nbest=4, topk=5)
     assert all([t.score for t in n] == sorted([t.score for t in n], reverse=True) for n in nbest)
 

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint_io import atomic_torch_save, load_checkpoint
-from nmt.eval import Translator, load_averaged_checkpoint
-from nmt.checkpoint_io import last_checkpoints
+from nmt.checkpoint_io import atomic_torch_save, last_checkpoints, load_checkpoint
 from nmt.data.batching import greedy_offsets
+from nmt.eval import Translator, load_averaged_checkpoint
 from nmt.eval.translate import UNLIMITED, iter_line_chunks
 
 
@@ -31,7 +30,9 @@ def test_output_order_equals_input_order(tiny, translator) -> None:
     assert translator.translate(lines, beam=3, batch_size=4) == expected  # sorted by length inside
     shuffled = list(range(len(lines)))
     random.Random(0).shuffle(shuffled)
-    assert translator.translate([lines[i] for i in shuffled], beam=3, batch_size=4) == [expected[i] for i in shuffled]
+    assert translator.translate([lines[i] for i in shuffled], beam=3, batch_size=4) == [
+        expected[i] for i in shuffled
+    ]
 
 
 def test_empty_lines_give_empty_outputs_in_place(tiny, translator) -> None:
@@ -49,7 +50,9 @@ def test_nmt_translator_is_the_lazy_public_name(tiny) -> None:
     import nmt
 
     assert nmt.Translator is Translator
-    assert nmt.Translator.from_checkpoint(tiny.checkpoint, device="cpu").translate(["dog"]) == ["hund"]
+    assert nmt.Translator.from_checkpoint(tiny.checkpoint, device="cpu").translate(["dog"]) == [
+        "hund"
+    ]
 
 
 def test_averaging_identical_checkpoints_gives_the_same_model(tiny, tmp_path) -> None:
@@ -61,12 +64,17 @@ def test_averaging_identical_checkpoints_gives_the_same_model(tiny, tmp_path) ->
     for name, tensor in single.items():
         assert averaged[name].dtype == tensor.dtype and torch.equal(averaged[name], tensor), name
     both = Translator.from_checkpoint([tiny.checkpoint, copy], average=True)
-    assert both.translate(tiny.test_src[:5]) == Translator.from_checkpoint(tiny.checkpoint).translate(tiny.test_src[:5])
+    assert both.translate(tiny.test_src[:5]) == Translator.from_checkpoint(
+        tiny.checkpoint
+    ).translate(tiny.test_src[:5])
 
 
 def test_averaging_takes_the_mean_and_checks_compatibility(tiny, tmp_path) -> None:
     state = load_checkpoint(tiny.checkpoint)
-    shifted = {**state, "model": {k: v + 1.0 if v.is_floating_point() else v for k, v in state["model"].items()}}
+    shifted = {
+        **state,
+        "model": {k: v + 1.0 if v.is_floating_point() else v for k, v in state["model"].items()},
+    }
     atomic_torch_save(shifted, str(tmp_path / "shifted.pt"))
     averaged = load_averaged_checkpoint([tiny.checkpoint, str(tmp_path / "shifted.pt")])["model"]
     name = next(k for k, v in state["model"].items() if v.is_floating_point())
@@ -96,12 +104,23 @@ def test_not_a_checkpoint_is_a_clear_error(tiny, tmp_path) -> None:
 
 
 def test_last_checkpoints_are_the_newest_numbered(tmp_path) -> None:
-    names = ["checkpoint1.pt", "checkpoint_1_50.pt", "checkpoint2.pt", "checkpoint_2_120.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    names = [
+        "checkpoint1.pt",
+        "checkpoint_1_50.pt",
+        "checkpoint2.pt",
+        "checkpoint_2_120.pt",
+        "checkpoint_best.pt",
+        "checkpoint_last.pt",
+    ]
     now = time.time()
     for age, name in enumerate(reversed(names)):
         (tmp_path / name).write_bytes(b"")
         os.utime(tmp_path / name, (now - age, now - age))
-    assert [os.path.basename(p) for p in last_checkpoints(str(tmp_path), 3)] == ["checkpoint_2_120.pt", "checkpoint2.pt", "checkpoint_1_50.pt"]
+    assert [os.path.basename(p) for p in last_checkpoints(str(tmp_path), 3)] == [
+        "checkpoint_2_120.pt",
+        "checkpoint2.pt",
+        "checkpoint_1_50.pt",
+    ]
     with pytest.raises(ValueError, match="needs 5 numbered checkpoints"):
         last_checkpoints(str(tmp_path), 5)
 
@@ -110,9 +129,13 @@ def test_decoding_batches_respect_limits_and_cover_everything() -> None:
     """Decoding cuts its longest-first order with the training batcher; an over-long sentence goes alone."""
     lengths = np.array(sorted(np.random.default_rng(0).integers(2, 50, size=200), reverse=True))
     for batch_size, max_tokens in ((7, None), (None, 100), (16, 60), (None, 10)):
-        offsets = greedy_offsets(lengths, lengths, max_tokens or UNLIMITED, packed=False, max_sentences=batch_size)
+        offsets = greedy_offsets(
+            lengths, lengths, max_tokens or UNLIMITED, packed=False, max_sentences=batch_size
+        )
         batches = [slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
-        assert np.concatenate([np.arange(len(lengths))[b] for b in batches]).tolist() == list(range(len(lengths)))
+        assert np.concatenate([np.arange(len(lengths))[b] for b in batches]).tolist() == list(
+            range(len(lengths))
+        )
         for batch in batches:
             size = batch.stop - batch.start
             assert batch_size is None or size <= batch_size

@@ -13,7 +13,9 @@ from nmt.model.attention import AttentionMask, Packing, attention, resolve_backe
 NUM_HEADS, HEAD_DIM = 2, 8
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
+) -> torch.Tensor:
     """One sample, no padding: q (T, H, Dh), k/v (S, H, Dh) -> (T, H, Dh); empty keys give zeros."""
     if k.shape[0] == 0:
         return torch.zeros_like(q)
@@ -25,12 +27,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
 
 
 def random_lengths(num_samples: int, *, low: int, high: int, seed: int) -> torch.Tensor:
-    return torch.randint(low, high + 1, (num_samples,), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        low, high + 1, (num_samples,), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def padded_qkv(lengths: torch.Tensor, *, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(lengths.shape[0], int(lengths.max()), NUM_HEADS, HEAD_DIM, generator=generator)
+    return torch.randn(
+        lengths.shape[0], int(lengths.max()), NUM_HEADS, HEAD_DIM, generator=generator
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -48,7 +54,9 @@ def test_padded_sdpa_matches_reference_outputs_and_grads(causal: bool) -> None:
     (out * weights * q_valid).sum().backward()
 
     for b, (num_q, num_kv) in enumerate(zip(q_lengths.tolist(), kv_lengths.tolist())):
-        qb, kb, vb = (t.detach()[b, :n].requires_grad_() for t, n in ((q, num_q), (k, num_kv), (v, num_kv)))
+        qb, kb, vb = (
+            t.detach()[b, :n].requires_grad_() for t, n in ((q, num_q), (k, num_kv), (v, num_kv))
+        )
         expected = reference_attention(qb, kb, vb, causal=causal)
         torch.testing.assert_close(out[b, :num_q], expected, atol=1e-5, rtol=1e-5)
         (expected * weights[b, :num_q]).sum().backward()
@@ -68,13 +76,17 @@ def test_packed_sdpa_matches_reference(causal: bool) -> None:
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(int(q_lengths.sum()), NUM_HEADS, HEAD_DIM, generator=generator)
     k, v = torch.randn(2, int(kv_lengths.sum()), NUM_HEADS, HEAD_DIM, generator=generator)
-    mask = AttentionMask("sdpa", causal=causal, key_lengths=kv_lengths, q_packing=q_packing, kv_packing=kv_packing)
+    mask = AttentionMask(
+        "sdpa", causal=causal, key_lengths=kv_lengths, q_packing=q_packing, kv_packing=kv_packing
+    )
     out = attention(q, k, v, mask, dropout_p=0.0)  # (Nt, H, Dh)
     expected = torch.cat(
         [
             reference_attention(qb, kb, vb, causal=causal)
             for qb, kb, vb in zip(
-                q.split(q_lengths.tolist()), k.split(kv_lengths.tolist()), v.split(kv_lengths.tolist())
+                q.split(q_lengths.tolist()),
+                k.split(kv_lengths.tolist()),
+                v.split(kv_lengths.tolist()),
             )
         ]
     )
@@ -88,12 +100,16 @@ def test_empty_samples_give_finite_outputs_and_grads(packed: bool) -> None:
         packing = Packing.from_lengths(lengths, num_tokens=6)
         q, k, v = (torch.randn(6, NUM_HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
         masks = [
-            AttentionMask("sdpa", causal=causal, key_lengths=lengths, q_packing=packing, kv_packing=packing)
+            AttentionMask(
+                "sdpa", causal=causal, key_lengths=lengths, q_packing=packing, kv_packing=packing
+            )
             for causal in (False, True)
         ]
     else:
         q, k, v = (torch.randn(4, 4, NUM_HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
-        masks = [AttentionMask("sdpa", causal=causal, key_lengths=lengths) for causal in (False, True)]
+        masks = [
+            AttentionMask("sdpa", causal=causal, key_lengths=lengths) for causal in (False, True)
+        ]
     for mask in masks:
         out = attention(q, k, v, mask, dropout_p=0.0)
         out.square().sum().backward()
@@ -104,7 +120,9 @@ def test_empty_samples_give_finite_outputs_and_grads(packed: bool) -> None:
 def test_packing_round_trip_and_positions() -> None:
     lengths = torch.tensor([2, 0, 3, 1])
     packing = Packing.from_lengths(lengths, num_tokens=6)
-    assert packing.cu_seqlens.tolist() == [0, 2, 2, 5, 6] and packing.cu_seqlens.dtype == torch.int32
+    assert (
+        packing.cu_seqlens.tolist() == [0, 2, 2, 5, 6] and packing.cu_seqlens.dtype == torch.int32
+    )
     assert packing.positions.tolist() == [0, 1, 0, 1, 2, 0]
     x = torch.arange(6.0)[:, None] + 1  # (N, 1)
     torch.testing.assert_close(packing.unpad(packing.pad(x)), x)
@@ -140,7 +158,9 @@ def test_backend_choice_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
         # A dropout no other test uses: a first resolution, however the tests are ordered.
         assert resolve_backend("auto", device_type="cpu", attention_dropout=0.125) == "sdpa"
         assert resolve_backend("auto", device_type="cpu", attention_dropout=0.125) == "sdpa"
-    assert [r.getMessage() for r in caplog.records] == ["attention backend: sdpa (--attention auto, device cpu)"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "attention backend: sdpa (--attention auto, device cpu)"
+    ]
     with pytest.raises(ValueError, match="--attention xformers cannot run"):
         resolve_backend("xformers", device_type="cpu")
     with pytest.raises(ValueError, match="--attention varlen needs a CUDA device"):
@@ -180,14 +200,19 @@ def _compare_with_sdpa(backend: str, *, packed: bool, causal: bool) -> None:
         kv_shape = (4, int(kv_lengths.max()), 4, 64)
         packings = {}
     q = torch.randn(q_shape, device=device, dtype=dtype, generator=generator)
-    k, v = (torch.randn(kv_shape, device=device, dtype=dtype, generator=generator) for _ in range(2))
+    k, v = (
+        torch.randn(kv_shape, device=device, dtype=dtype, generator=generator) for _ in range(2)
+    )
     results = []
     for name in (backend, "sdpa"):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         mask = AttentionMask(name, causal=causal, key_lengths=kv_lengths, **packings)
         out = attention(*inputs, mask, dropout_p=0.0)
         if not packed:  # padded queries' outputs are unspecified
-            out = out * (torch.arange(q_shape[1], device=device) < q_lengths[:, None])[..., None, None]
+            out = (
+                out
+                * (torch.arange(q_shape[1], device=device) < q_lengths[:, None])[..., None, None]
+            )
         out.float().square().sum().backward()
         results.append((out, *(t.grad for t in inputs)))
     for got, expected in zip(*results):

@@ -79,12 +79,16 @@ def seeded_model(cfg: ModelConfig, seed: int = 0) -> TransformerModel:
     return build_model(cfg)
 
 
-def loss_and_grads(model: TransformerModel, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def loss_and_grads(
+    model: TransformerModel, hidden: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     logits = model.output_projection(hidden)
     loss = logits.float().log_softmax(-1)[..., 3].sum()  # any fixed function of the real positions
     model.zero_grad()
     loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), {
+        name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None
+    }
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
@@ -102,10 +106,14 @@ def test_packed_matches_padded_outputs_and_grads(normalize_before: bool, learned
     padded_loss, padded_grads = loss_and_grads(model, padded[batch.tgt_valid])
 
     src_packed, prev_packed = batch.packed()
-    packed = model(src_packed, batch.src_lengths, prev_packed, batch.tgt_lengths, packed=True)  # (Nt, D)
+    packed = model(
+        src_packed, batch.src_lengths, prev_packed, batch.tgt_lengths, packed=True
+    )  # (Nt, D)
     packed_loss, packed_grads = loss_and_grads(model, packed)
 
-    torch.testing.assert_close(unpack(packed, batch.tgt_lengths)[batch.tgt_valid], padded[batch.tgt_valid])
+    torch.testing.assert_close(
+        unpack(packed, batch.tgt_lengths)[batch.tgt_valid], padded[batch.tgt_valid]
+    )
     torch.testing.assert_close(packed_loss, padded_loss)
     assert packed_grads.keys() == padded_grads.keys()
     for name, grad in padded_grads.items():
@@ -122,7 +130,9 @@ def test_packed_with_padding_tail_matches_padded() -> None:
     src_packed, prev_packed = batch.packed()
     src_tail = torch.cat([src_packed, torch.full((3,), PAD)])  # (Ns + 3,)
     prev_tail = torch.cat([prev_packed, torch.full((7,), PAD)])  # (Nt + 7,)
-    packed = model(src_tail, batch.src_lengths, prev_tail, batch.tgt_lengths, packed=True)  # (Nt + 7, D)
+    packed = model(
+        src_tail, batch.src_lengths, prev_tail, batch.tgt_lengths, packed=True
+    )  # (Nt + 7, D)
     assert packed.shape[0] == prev_tail.shape[0] and torch.isfinite(packed).all()
     packed_loss, packed_grads = loss_and_grads(model, packed[: prev_packed.shape[0]])
     torch.testing.assert_close(packed_loss, padded_loss)
@@ -156,7 +166,12 @@ def test_packed_uses_given_positions_and_cu_seqlens() -> None:
     )
     torch.testing.assert_close(given, derived)
     shifted = model(
-        src_packed, batch.src_lengths, prev_packed, batch.tgt_lengths, packed=True, tgt_positions=tgt_pos + 1
+        src_packed,
+        batch.src_lengths,
+        prev_packed,
+        batch.tgt_lengths,
+        packed=True,
+        tgt_positions=tgt_pos + 1,
     )
     assert not torch.allclose(shifted, derived)
 
@@ -181,12 +196,16 @@ def test_padded_and_future_tokens_change_nothing() -> None:
 
 @pytest.mark.parametrize("normalize_before", [False, True])
 def test_incremental_decoding_equals_full_forward(normalize_before: bool) -> None:
-    cfg = small_config(encoder_normalize_before=normalize_before, decoder_normalize_before=normalize_before)
+    cfg = small_config(
+        encoder_normalize_before=normalize_before, decoder_normalize_before=normalize_before
+    )
     model = seeded_model(cfg).eval()
     batch = make_batch([5, 2, 7], [6, 6, 6], seed=4)
     beam = 2
     with torch.no_grad():
-        full = model.output_projection(model(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths))
+        full = model.output_projection(
+            model(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
+        )
         encoder_out = model.encode(batch.src, batch.src_lengths).repeat_interleave(beam)
         state = model.init_decoder_state(encoder_out)
         # Beams of a sentence are adjacent; a reorder that swaps them must move every cache along.
@@ -201,7 +220,9 @@ def test_incremental_decoding_equals_full_forward(normalize_before: bool) -> Non
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_recorded_cross_attention_is_the_same_teacher_forced_and_step_by_step(normalize_before: bool) -> None:
+def test_recorded_cross_attention_is_the_same_teacher_forced_and_step_by_step(
+    normalize_before: bool,
+) -> None:
     """The alignment layer's attention: rows of probabilities over the real source tokens only, the
     same whether the target is fed at once or one step at a time (beams reordered in between)."""
     cfg = small_config(decoder_normalize_before=normalize_before)
@@ -215,7 +236,9 @@ def test_recorded_cross_attention_is_the_same_teacher_forced_and_step_by_step(no
         (full,) = recorded  # (B, T, S)
         assert full.shape == (3, 6, 7)
         torch.testing.assert_close(full.sum(-1), torch.ones(3, 6))
-        assert torch.all(full[1, :, 2:] == 0) and torch.all(full[0, :, 5:] == 0)  # padding gets nothing
+        assert torch.all(full[1, :, 2:] == 0) and torch.all(
+            full[0, :, 5:] == 0
+        )  # padding gets nothing
         state = model.init_decoder_state(model.encode(batch.src, batch.src_lengths))
         swap = torch.tensor([2, 0, 1])
         prev, expected = batch.prev, full
@@ -233,15 +256,21 @@ def test_state_reorder_expands_beams() -> None:
     model = seeded_model(small_config()).eval()
     batch = make_batch([4, 3], [3, 3], seed=5)
     with torch.no_grad():
-        expanded = model.init_decoder_state(model.encode(batch.src, batch.src_lengths).repeat_interleave(3))
+        expanded = model.init_decoder_state(
+            model.encode(batch.src, batch.src_lengths).repeat_interleave(3)
+        )
         reordered = model.init_decoder_state(model.encode(batch.src, batch.src_lengths))
         reordered.reorder(torch.tensor([0, 0, 0, 1, 1, 1]))
         tokens = torch.full((6,), BOS)
-        torch.testing.assert_close(model.decode_step(tokens, reordered), model.decode_step(tokens, expanded))
+        torch.testing.assert_close(
+            model.decode_step(tokens, reordered), model.decode_step(tokens, expanded)
+        )
 
 
 def test_empty_rows_give_no_nan_in_training() -> None:
-    model = seeded_model(small_config(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)).train()
+    model = seeded_model(
+        small_config(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
+    ).train()
     batch = random_batch(5, seed=6, with_empty=True)
     for packed in (False, True):
         if packed:
@@ -285,17 +314,32 @@ def _num_params(cfg: ModelConfig) -> int:
     ],
 )
 def test_preset_parameter_counts(name: str, vocab: int, shared: bool, expected: int) -> None:
-    cfg = ARCHS[name](src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, share_all_embeddings=shared)
+    cfg = ARCHS[name](
+        src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, share_all_embeddings=shared
+    )
     assert _num_params(cfg) == expected
 
 
 def test_presets_and_overrides() -> None:
-    cfg = transformer_tiny(src_vocab_size=100, tgt_vocab_size=120, dropout=0.2, decoder_layers=4, share_all_embeddings=False)
-    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.encoder_embed_dim, cfg.encoder_attention_heads) == (3, 4, 128, 4)
+    cfg = transformer_tiny(
+        src_vocab_size=100,
+        tgt_vocab_size=120,
+        dropout=0.2,
+        decoder_layers=4,
+        share_all_embeddings=False,
+    )
+    assert (
+        cfg.encoder_layers,
+        cfg.decoder_layers,
+        cfg.encoder_embed_dim,
+        cfg.encoder_attention_heads,
+    ) == (3, 4, 128, 4)
     assert (cfg.decoder_ffn_embed_dim, cfg.dropout, cfg.tgt_vocab_size) == (512, 0.2, 120)
     assert cfg.share_decoder_input_output_embed
     assert ARCHS["transformer_base_prenorm"]().decoder_normalize_before
-    assert not ARCHS["transformer_base_prenorm"](decoder_normalize_before=False).decoder_normalize_before
+    assert not ARCHS["transformer_base_prenorm"](
+        decoder_normalize_before=False
+    ).decoder_normalize_before
     with pytest.raises(ValueError, match="--encoder-dim"):
         transformer_tiny(encoder_dim=3)
     with pytest.raises(ValueError, match="--share-all-embeddings"):
@@ -310,11 +354,15 @@ def test_shared_embeddings_and_init() -> None:
     assert model.output_projection.weight is model.decoder.embed.tokens.weight
     assert model.encoder.embed.tokens.weight is not model.decoder.embed.tokens.weight
 
-    model = seeded_model(small_config(encoder_embed_dim=256, encoder_attention_heads=4, src_vocab_size=4000))
+    model = seeded_model(
+        small_config(encoder_embed_dim=256, encoder_attention_heads=4, src_vocab_size=4000)
+    )
     embedding = model.encoder.embed.tokens.weight
     assert embedding[PAD].abs().sum() == 0
     assert abs(embedding[1:].std().item() / 256**-0.5 - 1) < 0.05
-    bound = (6 / (32 + 32)) ** 0.5 * 2**-0.5  # xavier bound of one (D, D) chunk, fairseq's q/k/v gain
+    bound = (
+        6 / (32 + 32)
+    ) ** 0.5 * 2**-0.5  # xavier bound of one (D, D) chunk, fairseq's q/k/v gain
     qkv = model.decoder.layers[0].self_attn.qkv_proj.weight
     assert qkv.abs().max() <= bound and qkv.abs().max() > 0.9 * bound
 
@@ -322,7 +370,9 @@ def test_shared_embeddings_and_init() -> None:
 def test_state_dict_rebuilds_from_config() -> None:
     cfg = small_config()
     model = seeded_model(cfg, seed=1).eval()
-    assert not any("positions" in key for key in model.state_dict())  # sinusoids are rebuilt, not saved
+    assert not any(
+        "positions" in key for key in model.state_dict()
+    )  # sinusoids are rebuilt, not saved
     clone = build_model(cfg).eval()
     clone.load_state_dict(model.state_dict())
     batch = random_batch(3, seed=8)
@@ -345,8 +395,12 @@ def test_padded_forward_compiles_without_graph_breaks() -> None:
 
     model = seeded_model(small_config()).train()
     batch = random_batch(4, seed=9, with_empty=True)
-    explanation = torch._dynamo.explain(model)(batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths)
-    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+    explanation = torch._dynamo.explain(model)(
+        batch.src, batch.src_lengths, batch.prev, batch.tgt_lengths
+    )
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), (
+        explanation.break_reasons
+    )
 
 
 def test_cpu_dropout_rate_scale_gradient_and_seeding():
@@ -357,7 +411,9 @@ def test_cpu_dropout_rate_scale_gradient_and_seeding():
     y = dropout(x, 0.3, True)
     kept = y != 0
     assert abs(1.0 - kept.float().mean().item() - 0.3) < 0.005  # the drop rate
-    assert y.sum().item() == pytest.approx(x.numel(), rel=0.01)  # inverted scaling keeps the expectation
+    assert y.sum().item() == pytest.approx(
+        x.numel(), rel=0.01
+    )  # inverted scaling keeps the expectation
     y.sum().backward()
     assert torch.equal(x.grad != 0, kept) and torch.allclose(x.grad[kept], y[kept])
     torch.manual_seed(7)

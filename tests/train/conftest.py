@@ -7,21 +7,51 @@ import subprocess
 import sys
 import threading
 
-
-
 # A model small enough that a few updates take well under a second on 2 cores.
 TINY_MODEL_FLAGS = [
-    "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-    "--decoder-attention-heads", "2", "--share-all-embeddings", "--dropout", "0.1",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--share-all-embeddings",
+    "--dropout",
+    "0.1",
 ]
 
 
 def train_command(data_dir, save_dir, *extra):
     return [
-        "--save-dir", str(save_dir), "--max-tokens", "256", "--log-format", "json", "--log-interval", "1",
-        "--warmup-updates", "10", "--lr", "0.003", "--seed", "3", "--no-epoch-checkpoints", "--layout", "padded",
-        *TINY_MODEL_FLAGS, *extra,
+        "--save-dir",
+        str(save_dir),
+        "--max-tokens",
+        "256",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--warmup-updates",
+        "10",
+        "--lr",
+        "0.003",
+        "--seed",
+        "3",
+        "--no-epoch-checkpoints",
+        "--layout",
+        "padded",
+        *TINY_MODEL_FLAGS,
+        *extra,
     ]
 
 
@@ -34,11 +64,23 @@ def parse_log(stdout):
 def run_subprocess(args, *, torchrun_procs=None, timeout=300, env_extra=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     if torchrun_procs:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(torchrun_procs),
-                   "--master_port", str(_free_port()), "-m", "nmt_cli.train", *args]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(torchrun_procs),
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "nmt_cli.train",
+            *args,
+        ]
     else:
         command = [sys.executable, "-m", "nmt_cli.train", *args]
-    with process_group(command, timeout=timeout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+    with process_group(
+        command, timeout=timeout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as process:
         stdout, stderr = process.communicate()
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 

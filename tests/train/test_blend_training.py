@@ -8,8 +8,19 @@ def blend_records(stdout):
 
 
 def test_blended_epochs_follow_the_weights_and_change_per_epoch(two_corpus_data, tmp_path):
-    args = ["--train-subsets", "train,train1", "--subset-weights", "0.75,0.25", "--epoch-samples", "400", "--max-epoch", "2"]
-    result = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)])
+    args = [
+        "--train-subsets",
+        "train,train1",
+        "--subset-weights",
+        "0.75,0.25",
+        "--epoch-samples",
+        "400",
+        "--max-epoch",
+        "2",
+    ]
+    result = run_subprocess(
+        [two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     epochs = blend_records(result.stdout)
     assert [(r["train_samples"], r["train1_samples"]) for r in epochs] == [(300, 100), (300, 100)]
@@ -20,22 +31,64 @@ def test_blended_epochs_follow_the_weights_and_change_per_epoch(two_corpus_data,
 
 
 def test_temperature_sampling_and_bad_weights(two_corpus_data, tmp_path):
-    result = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "t",
-                             "--train-subsets", "train,train1", "--sampling-temperature", "100", "--max-epoch", "1")])
+    result = run_subprocess(
+        [
+            two_corpus_data,
+            *train_command(
+                two_corpus_data,
+                tmp_path / "t",
+                "--train-subsets",
+                "train,train1",
+                "--sampling-temperature",
+                "100",
+                "--max-epoch",
+                "1",
+            ),
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = blend_records(result.stdout)
     # T -> infinity flattens the weights: both corpora get about half of the 580 slots
     assert abs(record["train_samples"] - record["train1_samples"]) < 30
-    bad = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "b",
-                          "--train-subsets", "train,train1", "--subset-weights", "1,-1")])
+    bad = run_subprocess(
+        [
+            two_corpus_data,
+            *train_command(
+                two_corpus_data,
+                tmp_path / "b",
+                "--train-subsets",
+                "train,train1",
+                "--subset-weights",
+                "1,-1",
+            ),
+        ]
+    )
     assert bad.returncode == 1 and "--subset-weights" in bad.stderr
 
 
 def test_two_ranks_train_on_the_same_blend_each_building_half(two_corpus_data, tmp_path):
-    args = ["--train-subsets", "train,train1", "--subset-weights", "0.75,0.25", "--epoch-samples", "400", "--max-epoch", "2"]
-    result = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)], torchrun_procs=2)
+    args = [
+        "--train-subsets",
+        "train,train1",
+        "--subset-weights",
+        "0.75,0.25",
+        "--epoch-samples",
+        "400",
+        "--max-epoch",
+        "2",
+    ]
+    result = run_subprocess(
+        [two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)], torchrun_procs=2
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [(r["train_samples"], r["train1_samples"]) for r in blend_records(result.stdout)] == [(300, 100), (300, 100)]
-    parts = sorted(path.name.split(".")[1] for path in (tmp_path / "ck" / "blend-cache").glob("*.corpus.npy"))
+    assert [(r["train_samples"], r["train1_samples"]) for r in blend_records(result.stdout)] == [
+        (300, 100),
+        (300, 100),
+    ]
+    parts = sorted(
+        path.name.split(".")[1] for path in (tmp_path / "ck" / "blend-cache").glob("*.corpus.npy")
+    )
     # Epochs 1 and 2 (and the prefetched 3rd, unless the exit cancelled it), one part per rank.
-    assert set(parts) == {"part0of2", "part1of2"} and all(parts.count(p) in (2, 3) for p in set(parts)), parts
+    assert set(parts) == {"part0of2", "part1of2"} and all(
+        parts.count(p) in (2, 3) for p in set(parts)
+    ), parts

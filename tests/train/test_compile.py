@@ -18,7 +18,9 @@ def test_shape_buckets_bound_rows_by_the_budget():
 def test_packed_buckets_cover_the_budget_in_at_most_16_steps():
     assert packed_token_buckets(max_tokens=4096, length_multiple=8) == list(range(256, 4097, 256))
     assert packed_token_buckets(max_tokens=256, length_multiple=64) == [64, 128, 192, 256]
-    assert packed_token_buckets(max_tokens=100, length_multiple=8) == [8 * i for i in range(1, 14)]  # 104 >= 100
+    assert packed_token_buckets(max_tokens=100, length_multiple=8) == [
+        8 * i for i in range(1, 14)
+    ]  # 104 >= 100
     assert packed_token_buckets(max_tokens=5, length_multiple=1) == [1, 2, 3, 4, 5]
 
 
@@ -32,7 +34,17 @@ def test_compile_mode():
 def test_compiled_training_has_zero_recompiles_after_warm_up(tiny_data, tmp_path):
     import torch
 
-    trainer = make_trainer(tiny_data, tmp_path / "ck", "--compile", "--length-multiple", "16", "--max-update", "12", "--log-format", "simple")
+    trainer = make_trainer(
+        tiny_data,
+        tmp_path / "ck",
+        "--compile",
+        "--length-multiple",
+        "16",
+        "--max-update",
+        "12",
+        "--log-format",
+        "simple",
+    )
     try:
         state = trainer.train()
         assert state.num_updates == 12
@@ -45,7 +57,9 @@ def test_compiled_training_has_zero_recompiles_after_warm_up(tiny_data, tmp_path
 
 
 @pytest.mark.slow
-def test_compiled_packed_training_has_zero_recompiles_and_the_eager_losses(tiny_data, tmp_path, capsys):
+def test_compiled_packed_training_has_zero_recompiles_and_the_eager_losses(
+    tiny_data, tmp_path, capsys
+):
     import torch
 
     from .conftest import parse_log, run_subprocess, train_command

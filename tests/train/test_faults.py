@@ -35,48 +35,101 @@ def train(data, save_dir, *extra, **kwargs):
 @contextlib.contextmanager
 def running(data, save_dir, *extra):
     """A long nmt-train run that has made its first update (and holds its save dir), stopped at the end."""
-    command = [sys.executable, "-m", "nmt_cli.train", data, *train_command(data, save_dir, "--max-update", "100000", *extra)]
+    command = [
+        sys.executable,
+        "-m",
+        "nmt_cli.train",
+        data,
+        *train_command(data, save_dir, "--max-update", "100000", *extra),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with process_group(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) as process:
+    with process_group(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    ) as process:
         for line in process.stdout:
             if parse_log(line):
                 break
         yield process
 
 
-def test_a_second_run_on_the_same_save_dir_is_refused_and_a_killed_run_leaves_it_free(tiny_data, tmp_path):
+def test_a_second_run_on_the_same_save_dir_is_refused_and_a_killed_run_leaves_it_free(
+    tiny_data, tmp_path
+):
     save_dir = tmp_path / "ck"
     with running(tiny_data, save_dir) as first:
         second = train(tiny_data, save_dir, "--max-update", "2")
-        assert_one_line_error(second, f"--save-dir {save_dir}: in use by another run (PID {first.pid})")
+        assert_one_line_error(
+            second, f"--save-dir {save_dir}: in use by another run (PID {first.pid})"
+        )
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
-    again = train(tiny_data, save_dir, "--max-update", "200000", "--max-epoch", "1")  # the kernel dropped the lock
+    again = train(
+        tiny_data, save_dir, "--max-update", "200000", "--max-epoch", "1"
+    )  # the kernel dropped the lock
     assert again.returncode == 0, again.stderr[-3000:]
 
 
-def test_resume_refuses_other_data_and_options_unless_a_reset_flag_accepts_them(tiny_data, two_corpus_data, tmp_path):
+def test_resume_refuses_other_data_and_options_unless_a_reset_flag_accepts_them(
+    tiny_data, two_corpus_data, tmp_path
+):
     save_dir = tmp_path / "ck"
     assert train(tiny_data, save_dir, "--max-update", "12").returncode == 0
 
     other_vocabulary = train(two_corpus_data, save_dir, "--max-update", "14")
-    assert other_vocabulary.returncode == 1 and "vocabulary: SentencePiece model spm.model" in other_vocabulary.stderr
+    assert (
+        other_vocabulary.returncode == 1
+        and "vocabulary: SentencePiece model spm.model" in other_vocabulary.stderr
+    )
     assert "cannot change under the same weights" in other_vocabulary.stderr
 
-    other_batches = train(tiny_data, save_dir, "--max-update", "14", "--max-tokens", "512", "--seed", "4")
+    other_batches = train(
+        tiny_data, save_dir, "--max-update", "14", "--max-tokens", "512", "--seed", "4"
+    )
     assert other_batches.returncode == 1
-    assert "batch sequence: --max-tokens: 256 in the checkpoint, 512 now (pass --reset-dataloader" in other_batches.stderr
+    assert (
+        "batch sequence: --max-tokens: 256 in the checkpoint, 512 now (pass --reset-dataloader"
+        in other_batches.stderr
+    )
     assert "batch sequence: --seed: 3 in the checkpoint, 4 now" in other_batches.stderr
 
-    other_lr = train(tiny_data, save_dir, "--max-update", "14", "--lr", "5", "--lr-scheduler", "fixed")
-    assert other_lr.returncode == 1 and "learning-rate schedule: --lr: 0.003 in the checkpoint, 5.0 now" in other_lr.stderr
-    accepted = train(tiny_data, save_dir, "--max-update", "14", "--lr", "5", "--lr-scheduler", "fixed", "--reset-lr-scheduler")
+    other_lr = train(
+        tiny_data, save_dir, "--max-update", "14", "--lr", "5", "--lr-scheduler", "fixed"
+    )
+    assert (
+        other_lr.returncode == 1
+        and "learning-rate schedule: --lr: 0.003 in the checkpoint, 5.0 now" in other_lr.stderr
+    )
+    accepted = train(
+        tiny_data,
+        save_dir,
+        "--max-update",
+        "14",
+        "--lr",
+        "5",
+        "--lr-scheduler",
+        "fixed",
+        "--reset-lr-scheduler",
+    )
     assert accepted.returncode == 0, accepted.stderr[-3000:]
-    assert [r["lr"] for r in parse_log(accepted.stdout)] == [5.0, 5.0]  # updates 13, 14: past the warm-up of 10
+    assert [r["lr"] for r in parse_log(accepted.stdout)] == [
+        5.0,
+        5.0,
+    ]  # updates 13, 14: past the warm-up of 10
     assert load_checkpoint(str(save_dir / "checkpoint_last.pt"))["num_updates"] == 14
 
-    restarted = train(tiny_data, save_dir, "--max-update", "16", "--max-tokens", "512", "--reset-dataloader",
-                      "--lr", "5", "--lr-scheduler", "fixed")
+    restarted = train(
+        tiny_data,
+        save_dir,
+        "--max-update",
+        "16",
+        "--max-tokens",
+        "512",
+        "--reset-dataloader",
+        "--lr",
+        "5",
+        "--lr-scheduler",
+        "fixed",
+    )
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert [(r["update"], r["epoch"]) for r in parse_log(restarted.stdout)] == [(15, 1), (16, 1)]
 
@@ -85,8 +138,13 @@ def test_restore_file_starts_a_new_run_from_another_runs_weights(tiny_data, tmp_
     first = train(tiny_data, tmp_path / "first", "--max-update", "30")
     assert first.returncode == 0, first.stderr[-3000:]
     fresh = train(tiny_data, tmp_path / "fresh", "--max-update", "1")
-    restore = ["--restore-file", str(tmp_path / "first" / "checkpoint_last.pt"), "--reset-optimizer",
-               "--reset-dataloader", "--reset-meters"]
+    restore = [
+        "--restore-file",
+        str(tmp_path / "first" / "checkpoint_last.pt"),
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+    ]
     tuned = train(tiny_data, tmp_path / "tuned", "--max-update", "31", *restore)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     (record,) = parse_log(tuned.stdout)
@@ -105,9 +163,27 @@ def test_a_validation_sentence_longer_than_the_positions_is_truncated_not_fatal(
     valid[3] = (" ".join(["dog"] * 200), " ".join(["hund"] * 200))
     _write(tmp_path, "valid", valid)
     data = str(tmp_path / "data")
-    preprocess(PreprocessConfig(source_lang="en", target_lang="de", trainpref=[str(tmp_path / "train")],
-                                validpref=[str(tmp_path / "valid")], destdir=data, spm_vocab_size=60, workers=1))
-    result = train(data, tmp_path / "ck", "--max-update", "3", "--max-source-positions", "64", "--max-target-positions", "64")
+    preprocess(
+        PreprocessConfig(
+            source_lang="en",
+            target_lang="de",
+            trainpref=[str(tmp_path / "train")],
+            validpref=[str(tmp_path / "valid")],
+            destdir=data,
+            spm_vocab_size=60,
+            workers=1,
+        )
+    )
+    result = train(
+        data,
+        tmp_path / "ck",
+        "--max-update",
+        "3",
+        "--max-source-positions",
+        "64",
+        "--max-target-positions",
+        "64",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 of 10 validation pairs are longer" in result.stderr
     assert any(line.startswith('{"kind": "valid"') for line in result.stdout.splitlines())
@@ -118,23 +194,40 @@ def small_disk(tmp_path):
     """A 400 kB file system (tmpfs, when this process may mount one)."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount_point)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount_point)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written(tiny_data, small_disk):
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_half_written(
+    tiny_data, small_disk
+):
     save_dir = small_disk / "ck"
-    result = train(tiny_data, save_dir, "--max-update", "2", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512")
+    result = train(
+        tiny_data,
+        save_dir,
+        "--max-update",
+        "2",
+        "--encoder-ffn-embed-dim",
+        "512",
+        "--decoder-ffn-embed-dim",
+        "512",
+    )
     assert_one_line_error(result, "disk full", str(save_dir / "checkpoint_last.pt"))
-    assert os.listdir(save_dir) == []  # no temporary, no torn checkpoint (the lock file goes with its holder)
+    assert (
+        os.listdir(save_dir) == []
+    )  # no temporary, no torn checkpoint (the lock file goes with its holder)
 
 
 def test_an_unwritable_save_dir_is_one_line(tiny_data, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    assert_one_line_error(train(tiny_data, blocker / "ck", "--max-update", "1"), str(blocker / "ck"))
+    assert_one_line_error(
+        train(tiny_data, blocker / "ck", "--max-update", "1"), str(blocker / "ck")
+    )
 
 
 def test_temporaries_of_killed_saves_are_removed_at_the_next_start(tiny_data, tmp_path):
@@ -151,15 +244,40 @@ def test_temporaries_of_killed_saves_are_removed_at_the_next_start(tiny_data, tm
 
 def test_fairseq_interval_flags_count_epochs_and_abbreviations_are_refused(tiny_data, tmp_path):
     abbreviated = train(tiny_data, tmp_path / "a", "--max-update", "1", "--save-int", "1")
-    assert abbreviated.returncode == 2 and "unrecognized arguments: --save-int" in abbreviated.stderr
+    assert (
+        abbreviated.returncode == 2 and "unrecognized arguments: --save-int" in abbreviated.stderr
+    )
     args = [a for a in train_command(tiny_data, tmp_path / "ck2") if a != "--no-epoch-checkpoints"]
-    result = run_subprocess([tiny_data, *args, "--max-epoch", "4", "--save-interval", "2", "--validate-interval", "2",
-                             "--keep-last-epochs", "1"])
+    result = run_subprocess(
+        [
+            tiny_data,
+            *args,
+            "--max-epoch",
+            "4",
+            "--save-interval",
+            "2",
+            "--validate-interval",
+            "2",
+            "--keep-last-epochs",
+            "1",
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    numbered = sorted(name for name in os.listdir(tmp_path / "ck2") if name.startswith("checkpoint") and name[10].isdigit())
+    numbered = sorted(
+        name
+        for name in os.listdir(tmp_path / "ck2")
+        if name.startswith("checkpoint") and name[10].isdigit()
+    )
     assert numbered == ["checkpoint4.pt"]  # epochs 2 and 4 saved, the older one rotated away
-    valid_epochs = [json.loads(line)["epoch"] for line in result.stdout.splitlines() if line.startswith('{"kind": "valid"')]
-    assert valid_epochs == [3, 5]  # logged after epochs 2 and 4 ended (the record names the next epoch)
+    valid_epochs = [
+        json.loads(line)["epoch"]
+        for line in result.stdout.splitlines()
+        if line.startswith('{"kind": "valid"')
+    ]
+    assert valid_epochs == [
+        3,
+        5,
+    ]  # logged after epochs 2 and 4 ended (the record names the next epoch)
 
 
 def test_update_checkpoints_are_named_by_the_1_based_epoch(tiny_data, tmp_path):
@@ -167,7 +285,9 @@ def test_update_checkpoints_are_named_by_the_1_based_epoch(tiny_data, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert {"checkpoint_1_2.pt", "checkpoint_1_4.pt"} <= set(os.listdir(tmp_path / "ck"))
     state = load_checkpoint(str(tmp_path / "ck" / "checkpoint_1_4.pt"))
-    assert state["provenance"]["command_line"][-1] == "2" and state["provenance"]["versions"]["torch"]
+    assert (
+        state["provenance"]["command_line"][-1] == "2" and state["provenance"]["versions"]["torch"]
+    )
 
 
 def test_half_precision_on_a_cpu_warns_once(tiny_data, tmp_path):
@@ -182,11 +302,15 @@ def test_a_manifest_with_a_missing_entry_is_one_line(tiny_data, tmp_path):
     manifest = json.loads((broken / "manifest.json").read_text())
     del manifest["spm"]
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    assert_one_line_error(train(str(broken), tmp_path / "ck", "--max-update", "1"), "manifest.json", "'spm'")
+    assert_one_line_error(
+        train(str(broken), tmp_path / "ck", "--max-update", "1"), "manifest.json", "'spm'"
+    )
 
 
 def test_languages_are_checked_against_the_dataset(tiny_data, tmp_path):
-    assert_one_line_error(train(tiny_data, tmp_path / "ck", "-s", "en", "-t", "fr"), "--target-lang fr", "en-de")
+    assert_one_line_error(
+        train(tiny_data, tmp_path / "ck", "-s", "en", "-t", "fr"), "--target-lang fr", "en-de"
+    )
 
 
 def test_verify_data_finds_a_corrupt_token_that_stays_in_the_vocabulary(tiny_data, tmp_path):
@@ -197,13 +321,25 @@ def test_verify_data_finds_a_corrupt_token_that_stays_in_the_vocabulary(tiny_dat
     data = bytearray(path.read_bytes())
     data[-4] = 5 if data[-4] != 5 else 6  # a token id byte: still a valid id, same size
     path.write_bytes(bytes(data))
-    assert train(str(copy), tmp_path / "ck", "--max-update", "1").returncode == 0  # nothing else notices
-    assert_one_line_error(train(str(copy), tmp_path / "ck2", "--max-update", "1", "--verify-data"), "--verify-data", str(path), "SHA-256")
+    assert (
+        train(str(copy), tmp_path / "ck", "--max-update", "1").returncode == 0
+    )  # nothing else notices
+    assert_one_line_error(
+        train(str(copy), tmp_path / "ck2", "--max-update", "1", "--verify-data"),
+        "--verify-data",
+        str(path),
+        "SHA-256",
+    )
 
 
 def test_stop_time_hours_counts_the_time_of_the_runs_it_resumed(tiny_data, tmp_path):
     save_dir = tmp_path / "ck"
-    budget = ("--max-update", "100000", "--stop-time-hours", "0.0001")  # 0.36 s: reached at the first update
+    budget = (
+        "--max-update",
+        "100000",
+        "--stop-time-hours",
+        "0.0001",
+    )  # 0.36 s: reached at the first update
     first = train(tiny_data, save_dir, *budget)
     assert first.returncode == 0, first.stderr[-3000:]
     state = load_checkpoint(str(save_dir / "checkpoint_last.pt"))
@@ -212,24 +348,57 @@ def test_stop_time_hours_counts_the_time_of_the_runs_it_resumed(tiny_data, tmp_p
     again = train(tiny_data, save_dir, *budget)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "--stop-time-hours 0.0001 reached by the runs this one resumed" in again.stderr
-    assert load_checkpoint(str(save_dir / "checkpoint_last.pt"))["num_updates"] == state["num_updates"]
+    assert (
+        load_checkpoint(str(save_dir / "checkpoint_last.pt"))["num_updates"] == state["num_updates"]
+    )
 
-    longer = train(tiny_data, save_dir, "--max-update", "100000", "--stop-time-hours", str((state["earlier_seconds"] + 1) / 3600))
+    longer = train(
+        tiny_data,
+        save_dir,
+        "--max-update",
+        "100000",
+        "--stop-time-hours",
+        str((state["earlier_seconds"] + 1) / 3600),
+    )
     assert longer.returncode == 0, longer.stderr[-3000:]
     resumed = load_checkpoint(str(save_dir / "checkpoint_last.pt"))
-    assert resumed["num_updates"] > state["num_updates"] and resumed["earlier_seconds"] > state["earlier_seconds"] + 1
+    assert (
+        resumed["num_updates"] > state["num_updates"]
+        and resumed["earlier_seconds"] > state["earlier_seconds"] + 1
+    )
 
 
 def test_a_vocabulary_per_language_is_never_shared(tmp_path):
     _write(tmp_path, "train", _pairs(300, seed=5))
     separate = str(tmp_path / "data")
-    preprocess(PreprocessConfig(source_lang="en", target_lang="de", trainpref=[str(tmp_path / "train")],
-                                destdir=separate, spm_vocab_size=60, separate_vocab=True, workers=1))
+    preprocess(
+        PreprocessConfig(
+            source_lang="en",
+            target_lang="de",
+            trainpref=[str(tmp_path / "train")],
+            destdir=separate,
+            spm_vocab_size=60,
+            separate_vocab=True,
+            workers=1,
+        )
+    )
     # Same vocabulary sizes, other pieces: sharing them would pass every size check and train nonsense.
-    assert_one_line_error(train(separate, tmp_path / "ck", "--max-update", "1"),
-                          "--share-all-embeddings: needs one joint vocabulary", "--separate-vocab")
-    small_model = [flag for flag in train_command(separate, tmp_path / "ck2", "--max-update", "1") if flag != "--share-all-embeddings"]
-    preset_shares = run_subprocess([separate, *small_model])  # transformer_tiny shares all embeddings when it can
+    assert_one_line_error(
+        train(separate, tmp_path / "ck", "--max-update", "1"),
+        "--share-all-embeddings: needs one joint vocabulary",
+        "--separate-vocab",
+    )
+    small_model = [
+        flag
+        for flag in train_command(separate, tmp_path / "ck2", "--max-update", "1")
+        if flag != "--share-all-embeddings"
+    ]
+    preset_shares = run_subprocess(
+        [separate, *small_model]
+    )  # transformer_tiny shares all embeddings when it can
     assert preset_shares.returncode == 0, preset_shares.stderr[-3000:]
     model_config = load_checkpoint(str(tmp_path / "ck2" / "checkpoint_last.pt"))["model_config"]
-    assert not model_config["share_all_embeddings"] and model_config["share_decoder_input_output_embed"]
+    assert (
+        not model_config["share_all_embeddings"]
+        and model_config["share_decoder_input_output_embed"]
+    )

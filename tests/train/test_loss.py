@@ -13,7 +13,9 @@ def test_fused_loss_and_gradients_equal_the_plain_computation(epsilon, chunk_row
     weight = torch.randn(50, 16, generator=generator).mul(0.3).requires_grad_()
     target = torch.randint(0, 50, (37,), generator=generator)
 
-    loss, nll = linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon=epsilon, chunk_rows=chunk_rows)
+    loss, nll = linear_label_smoothed_cross_entropy(
+        hidden, weight, target, epsilon=epsilon, chunk_rows=chunk_rows
+    )
     (loss * 0.5).backward()
     fused = (hidden.grad.clone(), weight.grad.clone())
     hidden.grad = weight.grad = None
@@ -22,7 +24,9 @@ def test_fused_loss_and_gradients_equal_the_plain_computation(epsilon, chunk_row
     reference = F.cross_entropy(logits, target, label_smoothing=epsilon, reduction="sum")
     (reference * 0.5).backward()
     torch.testing.assert_close(loss, reference, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum").detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        nll, F.cross_entropy(logits, target, reduction="sum").detach(), rtol=1e-5, atol=1e-5
+    )
     torch.testing.assert_close(fused[0], hidden.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(fused[1], weight.grad, rtol=1e-4, atol=1e-6)
 

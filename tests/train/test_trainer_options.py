@@ -13,7 +13,9 @@ from .test_trainer import make_trainer, update_of
 
 @pytest.mark.parametrize("flag", ["--bf16", "--fp16"])
 def test_mixed_precision_trains_on_cpu(tiny_data, tmp_path, flag):
-    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "6", flag)])
+    result = run_subprocess(
+        [tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "6", flag)]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = parse_log(result.stdout)
     assert len(records) == 6 and all(math.isfinite(r["loss"]) for r in records)
@@ -38,7 +40,14 @@ def test_non_finite_updates_are_skipped_counted_then_stop_training(tiny_data, tm
 
 def test_tensorboard_scalars_are_written(tiny_data, tmp_path):
     logdir = tmp_path / "tb"
-    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "3", "--tensorboard-logdir", str(logdir))])
+    result = run_subprocess(
+        [
+            tiny_data,
+            *train_command(
+                tiny_data, tmp_path / "ck", "--max-update", "3", "--tensorboard-logdir", str(logdir)
+            ),
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -51,18 +60,30 @@ def test_tensorboard_scalars_are_written(tiny_data, tmp_path):
 
 
 def test_length_curriculum_runs_easy_batches_first(tiny_data, tmp_path):
-    trainer = make_trainer(tiny_data, tmp_path / "ck", "--curriculum", "length", "--curriculum-epochs", "1")
+    trainer = make_trainer(
+        tiny_data, tmp_path / "ck", "--curriculum", "length", "--curriculum-epochs", "1"
+    )
     epoch = trainer.plan.current  # one rank: its batches are the global sequence
     batches = epoch.rank_batches
-    hardest = [int(np.maximum(epoch.dataset.src_lengths[b], epoch.dataset.tgt_lengths[b]).max()) for b in batches.to_list()]
+    hardest = [
+        int(np.maximum(epoch.dataset.src_lengths[b], epoch.dataset.tgt_lengths[b]).max())
+        for b in batches.to_list()
+    ]
     assert hardest == sorted(hardest) and hardest[0] < hardest[-1]
 
 
 def test_curriculum_file_is_checked_against_the_corpus(tiny_data, tmp_path):
     scores = tmp_path / "scores.txt"
     scores.write_text("0.5\n1.5\n")
-    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")])
-    assert result.returncode == 1 and "scores.txt: 2 scores, expected one per training line (600)" in result.stderr
+    result = run_subprocess(
+        [tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")]
+    )
+    assert (
+        result.returncode == 1
+        and "scores.txt: 2 scores, expected one per training line (600)" in result.stderr
+    )
     scores.write_text("".join(f"{i % 7}\n" for i in range(599)) + "oops\n")
-    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")])
+    result = run_subprocess(
+        [tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")]
+    )
     assert result.returncode == 1 and "scores.txt:600: not a number" in result.stderr
