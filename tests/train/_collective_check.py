@@ -35,7 +35,9 @@ def init_recording_the_backend(*args, backend=None, **kwargs):
 def checking(name, collective):
     def call(*args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        tensors += [t for a in args if isinstance(a, list) for t in a if isinstance(t, torch.Tensor)]
+        tensors += [
+            t for a in args if isinstance(a, list) for t in a if isinstance(t, torch.Tensor)
+        ]
         for tensor in tensors:
             if tensor.device.type not in served(cuda_backend[0]):
                 raise RuntimeError(

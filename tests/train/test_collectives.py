@@ -19,19 +19,41 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.slow
-def test_every_collective_of_a_two_rank_run_is_served_by_the_cuda_process_group(tiny_data, tmp_path):
+def test_every_collective_of_a_two_rank_run_is_served_by_the_cuda_process_group(
+    tiny_data, tmp_path
+):
     """2 gloo ranks on the CPU, each collective checked against the backend nmt would start on CUDA
     (a pure NCCL group refused every CPU tensor: the first update of any multi-GPU run crashed)."""
     args = train_command(
-        tiny_data, tmp_path / "ck", "--max-update", "6", "--log-interval", "2",
-        "--validate-interval-updates", "3", "--max-tokens-per-microbatch", "100",
+        tiny_data,
+        tmp_path / "ck",
+        "--max-update",
+        "6",
+        "--log-interval",
+        "2",
+        "--validate-interval-updates",
+        "3",
+        "--max-tokens-per-microbatch",
+        "100",
     )
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(_free_port()), os.path.join(HERE, "_collective_check.py"), tiny_data, *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        os.path.join(HERE, "_collective_check.py"),
+        tiny_data,
+        *args,
     ]
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["update"] for r in parse_log(result.stdout)] == [2, 4, 6]
@@ -48,7 +70,14 @@ def test_an_update_never_reads_the_device(tiny_data, tmp_path, monkeypatch):
     and at the run's end (save and validation). ``.numpy()`` is not counted: it fails on a device
     tensor, so it only ever reads host data."""
     trainer = make_trainer(
-        tiny_data, tmp_path / "ck", "--max-update", "10", "--log-interval", "4", "--layout", "packed"
+        tiny_data,
+        tmp_path / "ck",
+        "--max-update",
+        "10",
+        "--log-interval",
+        "4",
+        "--layout",
+        "packed",
     )
     reads: Counter = Counter()
     where = {"phase": "set-up"}
