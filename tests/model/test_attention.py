@@ -230,3 +230,39 @@ def test_xformers_matches_sdpa(packed: bool, causal: bool) -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_matches_sdpa(causal: bool) -> None:
     _compare_with_sdpa("varlen", packed=True, causal=causal)
+
+
+def test_pad_and_unpad_are_exact_gathers_both_ways() -> None:
+    """pad/unpad run a gather forward and backward; their gradients equal those of building the
+    padded view token by token (a tail of 2 static-shape tokens belongs to no sample)."""
+    lengths = torch.tensor([2, 0, 3, 1])
+    packing = Packing.from_lengths(lengths, num_tokens=8)
+    x = torch.randn(8, 3, requires_grad=True)
+    weight = torch.randn(4, 3, 3)  # (B, T, D)
+    reference_x = x.detach().clone().requires_grad_(True)
+    starts = [0, 2, 2, 5]
+
+    def reference_pad(rows: torch.Tensor) -> torch.Tensor:
+        zero = rows.new_zeros(3)
+        return torch.stack(
+            [
+                torch.stack([rows[starts[b] + t] if t < lengths[b] else zero for t in range(3)])
+                for b in range(4)
+            ]
+        )
+
+    padded = packing.pad(x)
+    torch.testing.assert_close(padded, reference_pad(reference_x.detach()))
+    (padded * weight).sum().backward()
+    (reference_pad(reference_x) * weight).sum().backward()
+    torch.testing.assert_close(x.grad, reference_x.grad)
+    assert x.grad[6:].abs().sum() == 0  # the tail gets no gradient
+
+    y = torch.randn(4, 3, 3, requires_grad=True)
+    reference_y = y.detach().clone().requires_grad_(True)
+    out_weight = torch.randn(8, 3)
+    (packing.unpad(y) * out_weight).sum().backward()
+    rows = [reference_y[b, t] for b in range(4) for t in range(int(lengths[b]))]
+    reference_out = torch.cat([torch.stack(rows), reference_y.new_zeros(2, 3)])
+    (reference_out * out_weight).sum().backward()
+    torch.testing.assert_close(y.grad, reference_y.grad)
