@@ -220,7 +220,7 @@ class ModelConfig:
     dropout: float = opt(0.1)
     attention_dropout: float = opt(0.0)
     activation_dropout: float = opt(0.0)
-    activation_fn: str = opt("relu", choices=("relu", "gelu"))
+    activation_fn: str = opt("relu", choices=("relu", "gelu", "swish"))
     encoder_normalize_before: bool = opt(
         False, "layer norm before each encoder sublayer (pre-norm)"
     )
@@ -243,6 +243,16 @@ class ModelConfig:
         "attention kernel (auto: xFormers on CUDA when installed, PyTorch SDPA elsewhere)",
         choices=("auto", "xformers", "sdpa", "varlen"),
     )
+    sinusoidal_positions: str = opt(
+        "fairseq",
+        "frequencies of the sinusoidal positions: fairseq's, or Marian's (transformers' MarianMT "
+        "computes that table itself, so nmt-export --format huggingface needs to store none)",
+        choices=("fairseq", "marian"),
+    )
+    # Set by nmt-import only (nmt.deploy): what a foreign model needs to compute exactly what it did.
+    position_offset: int = opt(0, cli=False)  # fairseq's sinusoids start at position pad + 1 = 2
+    output_bias: bool = opt(False, cli=False)  # Marian's final_logits_bias
+    decoder_start_id: int | None = opt(None, cli=False)  # fairseq decoders start from EOS, not BOS
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -269,6 +279,13 @@ class ModelConfig:
             )
         for name in ("max_source_positions", "max_target_positions"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.position_offset >= 0, "position_offset", "must be >= 0")
+        if self.decoder_start_id is not None:
+            _require(
+                0 <= self.decoder_start_id < self.tgt_vocab_size,
+                "decoder_start_id",
+                f"must be a target token id, got {self.decoder_start_id}",
+            )
         if self.share_all_embeddings:
             _require(
                 self.src_vocab_size == self.tgt_vocab_size,

@@ -135,6 +135,7 @@ class UpdateStep:
             self.model.output_projection.weight,
             target[real],
             epsilon=self.cfg.label_smoothing,
+            bias=self.model.output_projection.bias,
         )
 
     # ----------------------------------------------------------------------------- the update
