@@ -118,7 +118,11 @@ class PreprocessConfig:
         default_factory=list, help="never filtered; comma-separate or repeat"
     )
     testpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
-    spm_model: str | None = opt(None, "reuse this SentencePiece model instead of training one")
+    spm_model: str | None = opt(
+        None,
+        "reuse this SentencePiece model instead of training one; SRC,TGT: one per language "
+        "(e.g. the ones nmt-import wrote)",
+    )
     spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size")
     spm_model_type: str = opt("unigram", "SentencePiece algorithm", choices=("unigram", "bpe"))
     separate_vocab: bool = opt(False, "one SentencePiece model per language")
@@ -195,8 +199,14 @@ class PreprocessConfig:
         _require(
             not (self.separate_vocab and self.spm_model),
             "separate_vocab",
-            "cannot be combined with --spm-model (a given model is one joint vocabulary)",
+            "cannot be combined with --spm-model (give the two models as --spm-model SRC,TGT)",
         )
+        if self.spm_model:
+            _require(
+                len(self.spm_model.split(",")) in (1, 2) and all(self.spm_model.split(",")),
+                "spm_model",
+                f"one SentencePiece model, or two as SRC,TGT, got {self.spm_model!r}",
+            )
 
 
 @dataclass

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
+from nmt.checkpoint_io import atomic_torch_save, load_averaged_checkpoint, tensor_to_bytes
 from nmt.config import ModelConfig, from_dict, option_name
 from nmt.data.spm import SPECIAL_IDS, SentencePieceModel
 from nmt.fileio import check_destination, install_directory
@@ -91,3 +91,54 @@ def built_aside(output_dir: str, *, force: bool) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
+
+
+def layer_pairs(side: str) -> list[tuple[str, str]]:
+    """(our name, theirs) of the tensors copied as they are, per layer. fairseq's names, which
+    transformers' Marian (after BART, a fairseq port) keeps."""
+    pairs = [
+        ("self_attn.out_proj", "self_attn.out_proj"),
+        ("self_attn_block.norm", "self_attn_layer_norm"),
+        ("ffn.fc1", "fc1"),
+        ("ffn.fc2", "fc2"),
+        ("ffn_block.norm", "final_layer_norm"),
+    ]
+    if side == "decoder":
+        pairs += [
+            ("cross_attn.q_proj", "encoder_attn.q_proj"),
+            ("cross_attn.out_proj", "encoder_attn.out_proj"),
+            ("cross_attn_block.norm", "encoder_attn_layer_norm"),
+        ]
+    return [
+        (f"{ours}.{kind}", f"{theirs}.{kind}")
+        for ours, theirs in pairs
+        for kind in ("weight", "bias")
+    ]
+
+
+def fused_projections(side: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(our fused projection, their attention module, its projections in our order) per layer."""
+    fused = [("self_attn.qkv_proj", "self_attn", ("q_proj", "k_proj", "v_proj"))]
+    if side == "decoder":
+        fused.append(("cross_attn.kv_proj", "encoder_attn", ("k_proj", "v_proj")))
+    return fused
+
+
+IMPORTED_CHECKPOINT = "checkpoint.pt"
+
+
+def write_import(
+    output_dir: str,
+    checkpoint: dict[str, Any],
+    spm_files: list[str],
+    protos: tuple[bytes, bytes],
+    *,
+    force: bool,
+) -> None:
+    """An import's directory: ``checkpoint.pt`` and the SentencePiece model(s) (one when both sides
+    are the same) for ``nmt-preprocess --spm-model``, built aside and renamed into place."""
+    with built_aside(output_dir, force=force) as workdir:
+        for file_name, proto in zip(spm_files, protos):
+            with open(os.path.join(workdir, file_name), "wb") as handle:
+                handle.write(proto)
+        atomic_torch_save(checkpoint, os.path.join(workdir, IMPORTED_CHECKPOINT))
