@@ -94,6 +94,15 @@ def convert_vocabulary(
     for role, index in specials.items():
         ours_from_foreign[index] = ours_of_special[role]
 
+    num_dropped = sum(piece not in ours_of_piece for piece in normal)
+    spec = original.trainer_spec
+    if [p.piece for p in original.pieces] == order and (
+        spec.pad_id,
+        spec.bos_id,
+        spec.eos_id,
+        spec.unk_id,
+    ) == (PAD_ID, BOS_ID, EOS_ID, UNK_ID):  # already ours (an nmt export): the very same model
+        return ForeignVocab(spm_proto, ours_from_foreign, num_dropped)
     converted = pb.ModelProto()
     converted.CopyFrom(original)
     del converted.pieces[:]
@@ -117,5 +126,4 @@ def convert_vocabulary(
     spec.vocab_size = len(order)
     proto = converted.SerializeToString()
     SentencePieceModel(proto, name=name)  # our special ids, checked as for any model we load
-    num_dropped = sum(piece not in ours_of_piece for piece in normal)
     return ForeignVocab(proto=proto, ours_from_foreign=ours_from_foreign, num_dropped=num_dropped)

@@ -217,9 +217,10 @@ def from_marian_config(
         )
     share_embeddings = bool(config.get("share_encoder_decoder_embeddings", True))
     tied_output = bool(config.get("tie_word_embeddings", True))
+    share_all = share_embeddings and tied_output and src_vocab_size == tgt_vocab_size
     sinusoids = {"marian", "fairseq"} & set(positions)
-    if len(sinusoids) > 1:  # one formula per model: the other side's table is kept as learned
-        positions = (positions[0], "learned" if positions[1] == "fairseq" else positions[1])
+    if len(sinusoids) > 1:  # one formula per model: a fairseq table is kept as learned
+        positions = tuple("learned" if kind == "fairseq" else kind for kind in positions)
     max_positions = int(config.get("max_position_embeddings", 1024))
     return ModelConfig(
         src_vocab_size=src_vocab_size,
@@ -239,12 +240,12 @@ def from_marian_config(
         activation_fn=activation,
         encoder_learned_pos=positions[0] == "learned",
         decoder_learned_pos=positions[1] == "learned",
-        sinusoidal_positions="fairseq" if "fairseq" in positions else "marian",
+        sinusoidal_positions="marian" if "marian" in positions else "fairseq",
         max_source_positions=max_positions,
         max_target_positions=max_positions,
         no_scale_embedding=not config.get("scale_embedding", False),
-        share_all_embeddings=share_embeddings and tied_output and src_vocab_size == tgt_vocab_size,
-        share_decoder_input_output_embed=tied_output,
+        share_all_embeddings=share_all,
+        share_decoder_input_output_embed=tied_output and not share_all,  # implied by share_all
         output_bias=output_bias,
         decoder_start_id=decoder_start_id,
     )
@@ -474,23 +475,14 @@ def export_huggingface(
         except OSError as error:
             raise ValueError(f"--scores: cannot read {scores}: {error.strerror}") from None
     theirs = to_marian(model)
-    native_positions = all(
-        torch.equal(
-            theirs[f"model.{side}.embed_positions.weight"],
-            sinusoidal_table(
-                config["max_position_embeddings"], config["d_model"], formula="marian"
-            )[: theirs[f"model.{side}.embed_positions.weight"].shape[0]],
-        )
-        and theirs[f"model.{side}.embed_positions.weight"].shape[0]
-        == config["max_position_embeddings"]
-        for side in ("encoder", "decoder")
-    )
     hf_model = transformers.MarianMTModel(transformers.MarianConfig(**config)).eval()
-    tables = {}
+    tables, native_positions = {}, True
     for side in ("encoder", "decoder"):  # one table size in Marian: the shorter side's is extended
         key = f"model.{side}.embed_positions.weight"
-        table = hf_model.state_dict()[key].clone()
+        computed = hf_model.state_dict()[key]  # the table transformers computes for itself
+        table = computed.clone()
         table[: theirs[key].shape[0]] = theirs[key]
+        native_positions &= torch.equal(table, computed)
         theirs[key] = tables[key] = table
     hf_model.load_state_dict(theirs, strict=True)
     hf_model.generation_config.update(
@@ -532,8 +524,8 @@ def export_huggingface(
             raise ValueError(f"{name}: transformers loads the export with {kind} {keys[:3]}")
         src, src_lengths = _probe(model.cfg.src_vocab_size, seed=0)
         prev, _ = _probe(model.cfg.tgt_vocab_size, seed=1)
-        prev[:, 0] = config["decoder_start_token_id"]
         prev[prev == PAD_ID] = EOS_ID  # teacher-forced prefixes have no padding in this probe
+        prev[:, 0] = config["decoder_start_token_id"]
         difference = check_logits(
             our_logits(model, src, src_lengths, prev),
             marian_logits(reloaded, src, src_lengths, prev),
@@ -558,8 +550,16 @@ def _check_tokenizer(
     with warnings.catch_warnings():  # "Recommended: pip install sacremoses": see the model card
         warnings.simplefilter("ignore")
         tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
-    ids, _ = _probe(spm.vocab_size, seed=2)
-    text = spm.decode([ids[0].tolist()])[0]
+    processor = spm.processor
+    usable = [  # pieces segmentation can produce (an import's other-language pieces are UNUSED)
+        index
+        for index in range(spm.vocab_size)
+        if not (
+            processor.is_unused(index) or processor.is_control(index) or processor.is_unknown(index)
+        )
+    ]
+    ids, _ = _probe(len(usable) + 4, seed=2)
+    text = spm.decode([[usable[i - 4] for i in ids[0, :-1].tolist()]])[0]
     expected = spm.encode([text])[0] + [EOS_ID]
     if tokenizer(text).input_ids != expected:
         raise ValueError(f"{name}: MarianTokenizer of the export does not give our token ids")
