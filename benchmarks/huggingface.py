@@ -35,6 +35,10 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="the checkpoint's dataset (nmt-preprocess)")
     parser.add_argument("--work", default="/tmp/hf-bench")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=200, help="tokens generated at most")
+    parser.add_argument(
+        "--limit", type=int, default=0, help="translate the first N test sentences only (0: all)"
+    )
     args = parser.parse_args()
 
     import sacrebleu
@@ -93,11 +97,31 @@ def main() -> None:
 
     test_src = _lines(os.path.join(REPO, "data/multi30k/test_2016_flickr.en.gz"))
     test_ref = _lines(os.path.join(REPO, "data/multi30k/test_2016_flickr.de.gz"))
+    if args.limit:
+        test_src, test_ref = test_src[: args.limit], test_ref[: args.limit]
+        src_path = os.path.join(args.work, "test.en")
+        with open(src_path, "w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in test_src))
     hyp_path = os.path.join(args.work, "nmt.hyp.de")
     started = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "nmt_cli.eval", args.data, "--path", args.checkpoint, "--split", "test",
-         "--beam", "5", "--max-len-a", "0", "--max-len-b", "200", "--output", hyp_path],
+        [
+            sys.executable,
+            "-m",
+            "nmt_cli.eval",
+            args.data,
+            "--path",
+            args.checkpoint,
+            "--beam",
+            "5",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            str(args.max_len),
+            "--output",
+            hyp_path,
+        ]
+        + (["--input", src_path] if args.limit else ["--split", "test"]),
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -107,9 +131,11 @@ def main() -> None:
     started = time.perf_counter()
     hf_hyps: list[str] = []
     for start in tqdm(range(0, len(test_src), args.batch_size), desc="HF generate"):
-        batch = tokenizer(test_src[start : start + args.batch_size], return_tensors="pt", padding=True)
+        batch = tokenizer(
+            test_src[start : start + args.batch_size], return_tensors="pt", padding=True
+        )
         with torch.no_grad():
-            output = hf_model.generate(**batch, num_beams=5, max_new_tokens=200)
+            output = hf_model.generate(**batch, num_beams=5, max_new_tokens=args.max_len)
         hf_hyps += tokenizer.batch_decode(output, skip_special_tokens=True)
     hf_seconds = time.perf_counter() - started
     identical = sum(a == b for a, b in zip(nmt_hyps, hf_hyps))

@@ -454,3 +454,36 @@ def test_what_cannot_be_converted_is_a_one_line_error(tiny, opus_like, tmp_path,
         == 0
     )
     assert sorted(os.listdir(taken)) == ["checkpoint.pt", "spm.de.model", "spm.en.model"]
+
+
+def test_an_imported_opus_mt_like_model_exports_to_ctranslate2_with_our_translations(
+    opus_like, tmp_path
+):
+    """Output bias, swish, a decoder that starts from PAD's row: CTranslate2 decodes as we do."""
+    from nmt.deploy.ct2 import export_ctranslate2
+
+    import_marian(opus_like, str(tmp_path / "imported"))
+    checkpoint = str(tmp_path / "imported" / "checkpoint.pt")
+    export_ctranslate2([checkpoint], str(tmp_path / "ct2"))
+    import ctranslate2
+    import torch.nn.functional as F
+
+    from nmt.eval.ct2_model import pieces
+
+    state = load_checkpoint(checkpoint)
+    model = build_model(ModelConfig(**state["model_config"])).eval()
+    model.load_state_dict(state["model"])
+    src_spm = SentencePieceModel.load(str(tmp_path / "imported" / "spm.en.model"))
+    tgt_spm = SentencePieceModel.load(str(tmp_path / "imported" / "spm.de.model"))
+    sources = src_spm.encode(_multi30k("en", 3006)[3000:])
+    targets = tgt_spm.encode(_multi30k("de", 3006)[3000:])
+    src_vocab, tgt_vocab = pieces(src_spm), pieces(tgt_spm)
+    scored = ctranslate2.Translator(str(tmp_path / "ct2")).score_batch(
+        [[src_vocab[i] for i in s] for s in sources], [[tgt_vocab[i] for i in t] for t in targets]
+    )
+    for source, target, result in zip(sources, targets, scored):  # teacher-forced log-probs
+        src = torch.tensor([source + [EOS_ID]])
+        prev = torch.tensor([[BOS_ID] + target])
+        log_probs = F.log_softmax(our_logits(model, src, torch.tensor([src.shape[1]]), prev)[0], -1)
+        expected = log_probs.gather(1, torch.tensor(target + [EOS_ID])[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=2e-4, rtol=0)
