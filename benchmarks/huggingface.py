@@ -109,7 +109,6 @@ def main() -> None:
             sys.executable,
             "-m",
             "nmt_cli.eval",
-            args.data,
             "--path",
             args.checkpoint,
             "--beam",
@@ -121,7 +120,7 @@ def main() -> None:
             "--output",
             hyp_path,
         ]
-        + (["--input", src_path] if args.limit else ["--split", "test"]),
+        + (["--input", src_path] if args.limit else [args.data, "--split", "test"]),
         check=True,
         stdout=subprocess.DEVNULL,
     )
