@@ -1,4 +1,5 @@
-"""nmt-export: a checkpoint -> a CTranslate2 model directory (with its SentencePiece model) for fast inference."""
+"""nmt-export: a checkpoint -> a CTranslate2 model directory (with its SentencePiece model) for fast
+inference, or a MarianMT directory for Hugging Face transformers."""
 
 from __future__ import annotations
 
@@ -16,17 +17,28 @@ def build_parser() -> ArgumentParser:
         prog="nmt-export",
         description=(
             "Convert a checkpoint to CTranslate2 (pip install 'nmt[ct2]'). The directory then translates with "
-            "nmt-eval --path DIR, Translator.from_checkpoint(DIR) and nmt-serve --path DIR."
+            "nmt-eval --path DIR, Translator.from_checkpoint(DIR) and nmt-serve --path DIR. "
+            "--format huggingface writes a MarianMT directory for transformers (pip install 'nmt[hf]')."
         ),
     )
     parser.add_argument(
         "checkpoint", metavar="CKPT", help="checkpoint file; a,b,c averages their weights"
     )
     parser.add_argument(
-        "--format", default="ctranslate2", choices=("ctranslate2",), help="export format"
+        "--format",
+        default="ctranslate2",
+        choices=("ctranslate2", "huggingface"),
+        help="export format",
     )
     parser.add_argument(
-        "--quantization", choices=QUANTIZATIONS, help="weight type (default: float32)"
+        "--quantization",
+        choices=QUANTIZATIONS,
+        help="weight type (default: float32; CTranslate2 only)",
+    )
+    parser.add_argument(
+        "--scores",
+        metavar="FILE",
+        help="huggingface: nmt-eval's output with the test scores and signatures, for the model card",
     )
     parser.add_argument(
         "--output-dir",
@@ -48,6 +60,21 @@ def _size_mib(directory: str) -> float:
 
 def _export(args: argparse.Namespace) -> int:
     checkpoints = [path for path in args.checkpoint.split(",") if path]
+    if args.format == "huggingface":
+        if args.quantization:
+            raise ValueError("--quantization: CTranslate2 only; the Hugging Face export is float32")
+        from nmt.deploy.huggingface import export_huggingface
+
+        checked = export_huggingface(
+            checkpoints, args.output_dir, force=args.force, scores=args.scores
+        )
+        print(
+            f"wrote {args.output_dir} (MarianMT, {_size_mib(args.output_dir):.1f} MiB; transformers "
+            f"loads it with logits within {checked['max_logit_difference']:.2g} of ours)"
+        )
+        return 0
+    if args.scores:
+        raise ValueError("--scores: only for --format huggingface (its model card)")
     manifest = export_ctranslate2(
         checkpoints, args.output_dir, quantization=args.quantization, force=args.force
     )

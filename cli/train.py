@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -67,6 +68,9 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
         run=section(RunConfig, "run"),
     )
     explicit = config_values(ModelConfig, args, dest_prefix="model.")
+    pretrained = _pretrained_model_config(train_cfg, explicit)
+    if pretrained is not None:
+        return train_cfg, pretrained
     if not manifest.spm.joint:
         if explicit.get("share_all_embeddings"):
             raise ValueError(
@@ -84,6 +88,32 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
         **explicit,
     )
     return train_cfg, model_cfg
+
+
+def _pretrained_model_config(
+    train_cfg: TrainConfig, explicit: dict[str, object]
+) -> ModelConfig | None:
+    """The model of a new run from a weights-only --restore-file (nmt-import's checkpoint, an average)
+    is that checkpoint's: --arch does not apply, and of the model flags only the dropouts and the
+    attention kernel may change. None when the run starts otherwise."""
+    from nmt.checkpoint_io import LAST, load_model_checkpoint
+    from nmt.config import from_dict
+    from nmt.train.checkpoint import MODEL_OPTIONS_FREE_TO_CHANGE
+
+    restore = train_cfg.checkpoint.restore_file
+    if not restore or os.path.isfile(os.path.join(train_cfg.checkpoint.save_dir, LAST)):
+        return None
+    state = load_model_checkpoint(restore)
+    if "optimizer" in state:  # a run's checkpoint: resumed as such, under the identity check
+        return None
+    fixed = sorted(set(explicit) - set(MODEL_OPTIONS_FREE_TO_CHANGE))
+    if fixed:
+        raise ValueError(
+            f"--{fixed[0].replace('_', '-')}: the model is {restore}'s (weights only, so its shape is "
+            "fixed); only the dropouts and --attention may be given"
+        )
+    saved = from_dict(ModelConfig, state["model_config"])
+    return dataclasses.replace(saved, **explicit)
 
 
 def make_bleu_validator(

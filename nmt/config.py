@@ -119,7 +119,11 @@ class PreprocessConfig:
         default_factory=list, help="never filtered; comma-separate or repeat"
     )
     testpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
-    spm_model: str | None = opt(None, "reuse this SentencePiece model instead of training one")
+    spm_model: str | None = opt(
+        None,
+        "reuse this SentencePiece model instead of training one; SRC,TGT: one per language "
+        "(e.g. the ones nmt-import wrote)",
+    )
     spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size")
     spm_model_type: str = opt("unigram", "SentencePiece algorithm", choices=("unigram", "bpe"))
     separate_vocab: bool = opt(False, "one SentencePiece model per language")
@@ -196,8 +200,14 @@ class PreprocessConfig:
         _require(
             not (self.separate_vocab and self.spm_model),
             "separate_vocab",
-            "cannot be combined with --spm-model (a given model is one joint vocabulary)",
+            "cannot be combined with --spm-model (give the two models as --spm-model SRC,TGT)",
         )
+        if self.spm_model:
+            _require(
+                len(self.spm_model.split(",")) in (1, 2) and all(self.spm_model.split(",")),
+                "spm_model",
+                f"one SentencePiece model, or two as SRC,TGT, got {self.spm_model!r}",
+            )
 
 
 @dataclass
@@ -223,7 +233,7 @@ class ModelConfig:
     dropout: float = opt(0.1)
     attention_dropout: float = opt(0.0)
     activation_dropout: float = opt(0.0)
-    activation_fn: str = opt("relu", choices=("relu", "gelu"))
+    activation_fn: str = opt("relu", choices=("relu", "gelu", "swish"))
     encoder_normalize_before: bool = opt(
         False, "layer norm before each encoder sublayer (pre-norm)"
     )
@@ -246,6 +256,16 @@ class ModelConfig:
         "attention kernel (auto: xFormers on CUDA when installed, PyTorch SDPA elsewhere)",
         choices=("auto", "xformers", "sdpa", "varlen"),
     )
+    sinusoidal_positions: str = opt(
+        "fairseq",
+        "frequencies of the sinusoidal positions: fairseq's, or Marian's (transformers' MarianMT "
+        "computes that table itself, so nmt-export --format huggingface needs to store none)",
+        choices=("fairseq", "marian"),
+    )
+    # Set by nmt-import only (nmt.deploy): what a foreign model needs to compute exactly what it did.
+    position_offset: int = opt(0, cli=False)  # fairseq's sinusoids start at position pad + 1 = 2
+    output_bias: bool = opt(False, cli=False)  # Marian's final_logits_bias
+    decoder_start_id: int | None = opt(None, cli=False)  # fairseq decoders start from EOS, not BOS
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -272,6 +292,13 @@ class ModelConfig:
             )
         for name in ("max_source_positions", "max_target_positions"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.position_offset >= 0, "position_offset", "must be >= 0")
+        if self.decoder_start_id is not None:
+            _require(
+                0 <= self.decoder_start_id < self.tgt_vocab_size,
+                "decoder_start_id",
+                f"must be a target token id, got {self.decoder_start_id}",
+            )
         if self.share_all_embeddings:
             _require(
                 self.src_vocab_size == self.tgt_vocab_size,

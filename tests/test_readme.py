@@ -10,6 +10,7 @@ TORCHRUN_FLAGS = {"--nproc_per_node", "--max-restarts", "--rdzv-backend", "--rdz
 def parser_options():
     from nmt_cli.eval import build_parser as eval_parser
     from nmt_cli.export import build_parser as export_parser
+    from nmt_cli.import_model import build_parser as import_parser
     from nmt_cli.plot import build_parser as plot_parser
     from nmt_cli.preprocess import build_parser as preprocess_parser
     from nmt_cli.serve import build_parser as serve_parser
@@ -22,6 +23,7 @@ def parser_options():
         eval_parser(),
         plot_parser(),
         export_parser(),
+        import_parser(),
         serve_parser(),
     ):
         for action in parser._actions:

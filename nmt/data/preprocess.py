@@ -711,8 +711,8 @@ def _vocabulary(cfg: PreprocessConfig, shard: Shard, plans: list[SplitPlan]) -> 
     """The SentencePiece model(s), the same for every shard: given, trained here, or (under torchrun)
     trained by rank 0 and sent to the others. Shards run by hand train the same model each (the sample
     and the training are deterministic); the last one to finish checks that they agree."""
-    if cfg.spm_model:
-        return [SentencePieceModel.load(cfg.spm_model).proto]
+    if cfg.spm_model:  # one joint model, or source,target
+        return [SentencePieceModel.load(path).proto for path in cfg.spm_model.split(",")]
     if not shard.torchrun:
         return train_spm_models(cfg, plans)
     from nmt import dist

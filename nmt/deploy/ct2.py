@@ -12,7 +12,9 @@ How our model maps (``nmt.model.transformer``):
   the key bias is masked to zero in our model (``KeyBiasFreeLinear``), so it is exported as zeros;
 - pre- or post-norm per side (CTranslate2 reads ``pre_norm`` for the encoder and the decoder
   separately), the final layer norms of pre-norm sides, LayerNorm epsilon 1e-5;
-- relu, or gelu (the erf form, CTranslate2's GELU);
+- relu, gelu (the erf form, CTranslate2's GELU) or swish (imported Marian models);
+- an output bias (imported Marian models); the decoder's start token (BOS, or EOS for imported
+  fairseq models, ``decoder_start_id``);
 - the vocabulary is the SentencePiece pieces by id: pad 0 ``<pad>``, bos 1 ``<s>``, eos 2 ``</s>``,
   unk 3 ``<unk>`` (whatever the pieces are called, they are read from the model). The source gets
   EOS appended (``add_source_eos``) and decoding starts from BOS, as ours does.
@@ -23,11 +25,9 @@ knows: anything else is a one-line ValueError, never a silently different model.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from nmt.checkpoint_io import load_averaged_checkpoint, tensor_to_bytes
-from nmt.config import ModelConfig, from_dict, option_name, to_dict
+from nmt.config import to_dict
 from nmt.data.spm import BOS_ID, EOS_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel
+from nmt.deploy.common import built_aside, load_for_export
 from nmt.eval.ct2_model import (
     EXPORT_FORMAT,
     EXPORT_MANIFEST,
@@ -45,8 +45,8 @@ from nmt.eval.ct2_model import (
     import_ctranslate2,
     pieces,
 )
-from nmt.fileio import atomic_write, check_destination, install_directory
-from nmt.model import TransformerModel, build_model
+from nmt.fileio import atomic_write
+from nmt.model import TransformerModel
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16")
 _ACTIVATIONS = {
     "relu": "RELU",
     "gelu": "GELU",
+    "swish": "SWISH",
 }  # CTranslate2's Activation names (GELU is the erf form)
 
 
@@ -105,12 +106,6 @@ class _Mapper:
         self.linear(spec.linear_0, layer.ffn.fc1)
         self.linear(spec.linear_1, layer.ffn.fc2)
         self.layer_norm(spec.layer_norm, layer.ffn_block.norm)
-
-
-def unsupported_options(model_config: dict[str, Any]) -> list[str]:
-    """Options in a checkpoint's model config that this exporter does not know (a newer model)."""
-    known = {field.name for field in dataclasses.fields(ModelConfig)}
-    return sorted(set(model_config) - known)
 
 
 def build_spec(
@@ -172,6 +167,8 @@ def build_spec(
     if model.decoder.final_norm is not None:
         mapper.layer_norm(spec.decoder.layer_norm, model.decoder.final_norm)
     spec.decoder.projection.weight = mapper.take(model.output_projection.weight)
+    if model.output_projection.bias is not None:  # imported Marian models have one
+        spec.decoder.projection.bias = mapper.take(model.output_projection.bias)
 
     left_out = sorted(set(model.state_dict()) - mapper.used)
     if left_out:
@@ -184,29 +181,11 @@ def build_spec(
     spec.config.unk_token = tgt_pieces[UNK_ID]
     spec.config.bos_token = tgt_pieces[BOS_ID]
     spec.config.eos_token = tgt_pieces[EOS_ID]
-    spec.config.decoder_start_token = tgt_pieces[BOS_ID]
+    start_id = BOS_ID if cfg.decoder_start_id is None else cfg.decoder_start_id
+    spec.config.decoder_start_token = tgt_pieces[start_id]  # fairseq imports start from EOS
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = float(eps.pop())
     return spec
-
-
-def load_model(state: dict[str, Any], *, name: str) -> TransformerModel:
-    """A checkpoint state -> the eval-mode model; unknown model options are an error here (not ignored)."""
-    unknown = unsupported_options(state["model_config"])
-    if unknown:
-        raise ValueError(
-            f"{name}: model option {option_name(unknown[0])} is not supported by the CTranslate2 export"
-        )
-    model = build_model(
-        dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
-    )
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})"
-        ) from None
-    return model.eval()
 
 
 def export_ctranslate2(
@@ -229,19 +208,9 @@ def export_ctranslate2(
         raise ValueError(
             f"--quantization: must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
         )
-    output_dir = os.path.abspath(output_dir)
-    check_destination(output_dir, replace=force, option="--output-dir", replace_flag="--force")
-    name = ",".join(checkpoints)
-    state = load_averaged_checkpoint(list(checkpoints))
-    vocab = state["vocab"]
-    if vocab.get("special_ids") != SPECIAL_IDS:
-        raise ValueError(
-            f"{name}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}"
-        )
-    src_proto, tgt_proto = tensor_to_bytes(vocab["src_spm"]), tensor_to_bytes(vocab["tgt_spm"])
-    src_spm = SentencePieceModel(src_proto, name=f"{name} (source SentencePiece model)")
-    tgt_spm = SentencePieceModel(tgt_proto, name=f"{name} (target SentencePiece model)")
-    model = load_model(state, name=name)
+    loaded = load_for_export(checkpoints, target="the CTranslate2 export")
+    name, model, src_spm, tgt_spm = loaded.name, loaded.model, loaded.src_spm, loaded.tgt_spm
+    vocab = loaded.state["vocab"]
 
     class NmtConverter(Converter):
         """CTranslate2's converter interface over a model already loaded here."""
@@ -249,11 +218,7 @@ def export_ctranslate2(
         def _load(self) -> Any:
             return build_spec(model, src_spm=src_spm, tgt_spm=tgt_spm, name=name)
 
-    parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    workdir = os.path.join(parent, f".{os.path.basename(output_dir)}.tmp-{os.getpid()}")
-    shutil.rmtree(workdir, ignore_errors=True)
-    try:
+    with built_aside(output_dir, force=force) as workdir:
         try:
             NmtConverter().convert(workdir, quantization=quantization, force=True)
         except (RuntimeError, NotImplementedError, TypeError) as error:
@@ -264,15 +229,15 @@ def export_ctranslate2(
             ValueError
         ) as error:  # CTranslate2's own checks span several lines; ours are one line already
             raise ValueError(" ".join(str(error).split())) from None
-        joint = src_proto == tgt_proto
+        joint = src_spm.proto == tgt_spm.proto
         spm_files = (
             ["spm.model"]
             if joint
             else [f"spm.{vocab['source_lang']}.model", f"spm.{vocab['target_lang']}.model"]
         )
-        for file_name, proto in zip(spm_files, (src_proto, tgt_proto)):
+        for file_name, spm in zip(spm_files, (src_spm, tgt_spm)):
             with open(os.path.join(workdir, file_name), "wb") as handle:
-                handle.write(proto)
+                handle.write(spm.proto)
         manifest = {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
@@ -289,11 +254,5 @@ def export_ctranslate2(
         with atomic_write(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=2)
             handle.write("\n")
-        install_directory(
-            workdir, output_dir, replace=force, option="--output-dir", replace_flag="--force"
-        )
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
     logger.info("exported %s to %s (%s)", name, output_dir, manifest["quantization"])
     return manifest

@@ -127,13 +127,23 @@ class KeyBiasFreeLinear(nn.Linear):
         return F.linear(x, self.weight, self.bias * self.bias_mask)
 
 
-def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
-    """fairseq's sinusoids: (num_positions, dim), sines in the first half, cosines in the second."""
+def sinusoidal_table(
+    num_positions: int, dim: int, *, formula: str = "fairseq", offset: int = 0
+) -> torch.Tensor:
+    """Sinusoids (num_positions, dim) for positions ``offset, offset + 1, ...``: sines first, then
+    cosines. fairseq's frequencies are 10000^(-i / (dim/2 - 1)); Marian's (and transformers'
+    MarianMT's) 10000^(-2i / dim), computed in float64 as transformers does, so the tables match."""
+    if formula == "marian":
+        positions = torch.arange(offset, offset + num_positions, dtype=torch.float64)[:, None]
+        freqs = 10000.0 ** (-2.0 * torch.arange((dim + 1) // 2, dtype=torch.float64) / dim)
+        angles = positions * freqs[None, :]  # (P, ceil(dim/2))
+        return torch.cat([angles.sin(), angles[:, : dim // 2].cos()], dim=1).float()
     half = dim // 2
     freqs = torch.exp(
         torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1))
     )
-    angles = torch.arange(num_positions, dtype=torch.float)[:, None] * freqs[None, :]  # (P, half)
+    positions = torch.arange(offset, offset + num_positions, dtype=torch.float)
+    angles = positions[:, None] * freqs[None, :]  # (P, half)
     table = torch.cat([angles.sin(), angles.cos()], dim=1)
     return F.pad(table, (0, dim - 2 * half))  # an odd dim gets a zero column
 
@@ -149,6 +159,8 @@ class Embedder(nn.Module):
         learned_pos: bool,
         scale: bool,
         dropout: float,
+        sinusoids: str = "fairseq",
+        position_offset: int = 0,
     ) -> None:
         super().__init__()
         dim = tokens.embedding_dim
@@ -159,9 +171,8 @@ class Embedder(nn.Module):
             self.positions = nn.Parameter(torch.randn(max_positions, dim) * dim**-0.5)
         else:
             # Not persistent: rebuilt from the config, so checkpoints carry no constant tables.
-            self.register_buffer(
-                "positions", sinusoidal_table(max_positions, dim), persistent=False
-            )
+            table = sinusoidal_table(max_positions, dim, formula=sinusoids, offset=position_offset)
+            self.register_buffer("positions", table, persistent=False)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) or (N,); positions (T,) broadcast over the batch, or (N,) -> (..., D)."""
@@ -267,7 +278,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = _linear(dim, ffn_dim)
         self.fc2 = _linear(ffn_dim, dim)
-        self.activation = F.relu if activation_fn == "relu" else F.gelu
+        self.activation = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[activation_fn]
         self.activation_dropout = activation_dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -357,6 +368,8 @@ class Encoder(nn.Module):
             learned_pos=cfg.encoder_learned_pos,
             scale=not cfg.no_scale_embedding,
             dropout=cfg.dropout,
+            sinusoids=cfg.sinusoidal_positions,
+            position_offset=cfg.position_offset,
         )
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.final_norm = (
@@ -382,11 +395,14 @@ class Decoder(nn.Module):
             learned_pos=cfg.decoder_learned_pos,
             scale=not cfg.no_scale_embedding,
             dropout=cfg.dropout,
+            sinusoids=cfg.sinusoidal_positions,
+            position_offset=cfg.position_offset,
         )
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.final_norm = (
             nn.LayerNorm(cfg.decoder_embed_dim) if cfg.decoder_normalize_before else None
         )
+        self.start_id = cfg.decoder_start_id
 
     def project_cross_kv(
         self, encoder_out: torch.Tensor
@@ -405,6 +421,8 @@ class Decoder(nn.Module):
         caches: list[KVCache] | None = None,
     ) -> torch.Tensor:
         """tokens (B, T) or (Nt,) -> decoder states (B, T, D) or (Nt, D)."""
+        if self.start_id is not None:  # the first input (BOS, position 0) reads another token's row
+            tokens = torch.where(positions == 0, self.start_id, tokens)
         x = self.embed(tokens, positions)
         for index, layer in enumerate(self.layers):
             cache = None if caches is None else caches[index]
@@ -533,7 +551,11 @@ class TransformerModel(nn.Module):
         )
         self.encoder = Encoder(cfg, encoder_tokens)
         self.decoder = Decoder(cfg, decoder_tokens)
-        self.output_projection = nn.Linear(cfg.decoder_embed_dim, cfg.tgt_vocab_size, bias=False)
+        self.output_projection = nn.Linear(
+            cfg.decoder_embed_dim, cfg.tgt_vocab_size, bias=cfg.output_bias
+        )
+        if cfg.output_bias:
+            nn.init.zeros_(self.output_projection.bias)
         if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
             self.output_projection.weight = decoder_tokens.weight
         else:

@@ -111,6 +111,14 @@ IDENTITY_RESETS = {
 }
 # Model options a resumed run may change (they shape no weight).
 MODEL_OPTIONS_FREE_TO_CHANGE = ("dropout", "attention_dropout", "activation_dropout", "attention")
+# Model options newer than the run identity, with their defaults: left out of it at those values,
+# so a run begun before they existed still resumes.
+MODEL_OPTIONS_ADDED_LATER = {
+    "sinusoidal_positions": "fairseq",
+    "position_offset": 0,
+    "output_bias": False,
+    "decoder_start_id": None,
+}
 
 
 def run_identity(
@@ -150,6 +158,7 @@ def run_identity(
             option_name(k): v
             for k, v in to_dict(model_cfg).items()
             if k not in MODEL_OPTIONS_FREE_TO_CHANGE
+            and (k not in MODEL_OPTIONS_ADDED_LATER or MODEL_OPTIONS_ADDED_LATER[k] != v)
         },
         "training data": {
             **{f"{name}": manifest.checksums.get(name, "?") for name in train_files},

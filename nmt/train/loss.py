@@ -85,13 +85,17 @@ def linear_label_smoothed_cross_entropy(
     target: torch.Tensor,
     *,
     epsilon: float,
+    bias: torch.Tensor | None = None,
     chunk_rows: int = CHUNK_ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss sum, nll sum) of ``hidden @ weight.T`` against ``target``, computed in fp32.
+    """(loss sum, nll sum) of ``hidden @ weight.T (+ bias)`` against ``target``, computed in fp32.
 
-    hidden: (N, D) real target positions only; weight: (V, D) the output projection; target: (N,).
-    Smoothing spreads ``epsilon`` uniformly over all V classes, the gold one included (as
-    ``F.cross_entropy(label_smoothing=...)``). The nll is a detached metric.
+    hidden: (N, D) real target positions only; weight: (V, D) the output projection; bias: (V,) its
+    bias, if it has one; target: (N,). Smoothing spreads ``epsilon`` uniformly over all V classes,
+    the gold one included (as ``F.cross_entropy(label_smoothing=...)``). The nll is a detached metric.
     """
+    if bias is not None:  # a column of ones against the bias: autograd carries its gradient
+        hidden = torch.cat([hidden, hidden.new_ones(hidden.shape[0], 1)], dim=1)  # (N, D + 1)
+        weight = torch.cat([weight, bias[:, None].to(weight.dtype)], dim=1)  # (V, D + 1)
     loss, nll = _LinearLabelSmoothedCrossEntropy.apply(hidden, weight, target, epsilon, chunk_rows)
     return loss, nll.detach()

@@ -230,6 +230,7 @@ class UpdateStep:
             self.model.output_projection.weight,
             on_device["target"].reshape(-1).index_select(0, index),
             epsilon=self.cfg.label_smoothing,
+            bias=self.model.output_projection.bias,
         )
 
     # ----------------------------------------------------------------------------- the update

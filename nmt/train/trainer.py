@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from nmt import dist
-from nmt.checkpoint_io import BEST
+from nmt.checkpoint_io import BEST, same_vocab
 from nmt.config import ModelConfig, TrainConfig, to_dict
 from nmt.data.difficulty import DifficultyScorer
 from nmt.data.manifest import Manifest
@@ -237,6 +237,17 @@ class Trainer:
         if found is None:
             return
         path, state = found
+        if "optimizer" not in state:  # weights only (an import, an average): a new run from them
+            if not same_vocab(state["vocab"], self.vocab):
+                raise ValueError(
+                    f"{path}: its vocabulary is not the dataset's; make the dataset with its "
+                    "SentencePiece model(s): nmt-preprocess --spm-model (nmt-import wrote them)"
+                )
+            self.model.load_state_dict(state["model"])
+            logger.info(
+                "starting from the weights of %s (a new run: it has no training state)", path
+            )
+            return
         resets = self.cfg.checkpoint
         check_identity(path, state.get("run_identity"), self.identity, resets)
         self.model.load_state_dict(state["model"])
