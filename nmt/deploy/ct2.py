@@ -45,7 +45,7 @@ from nmt.eval.ct2_model import (
     import_ctranslate2,
     pieces,
 )
-from nmt.fileio import atomic_write, check_destination, install_directory
+from nmt.fileio import Destination, atomic_write, check_destination, install_directory
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def export_ctranslate2(
 
     Several checkpoints are averaged first. The directory is built under a temporary name and renamed
     into place when complete; an existing non-empty ``output_dir`` needs ``force`` and is replaced
-    only then.
+    only then, and only if nmt-export made it; one that is or holds a checkpoint never is.
     """
     import_ctranslate2("nmt-export --format ctranslate2")
     from ctranslate2.converters.converter import Converter
@@ -229,8 +229,16 @@ def export_ctranslate2(
         raise ValueError(
             f"--quantization: must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
         )
-    output_dir = os.path.abspath(output_dir)
-    check_destination(output_dir, replace=force, option="--output-dir", replace_flag="--force")
+    destination = Destination(
+        os.path.abspath(output_dir),
+        option="--output-dir",
+        replace_flag="--force",
+        made_by="nmt-export",
+        replace=force,
+        inputs=[("CKPT", path) for path in checkpoints],
+    )
+    output_dir = destination.path
+    check_destination(destination)
     name = ",".join(checkpoints)
     state = load_averaged_checkpoint(list(checkpoints))
     vocab = state["vocab"]
@@ -289,9 +297,7 @@ def export_ctranslate2(
         with atomic_write(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=2)
             handle.write("\n")
-        install_directory(
-            workdir, output_dir, replace=force, option="--output-dir", replace_flag="--force"
-        )
+        install_directory(workdir, destination)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
