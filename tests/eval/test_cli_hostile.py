@@ -77,10 +77,11 @@ def test_a_link_stays_a_link_and_a_fifo_a_fifo(tiny, inputs, tmp_path, capsys) -
     fifo = tmp_path / "hyp.fifo"
     os.mkfifo(fifo)
     received: list[bytes] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    # A daemon: if the FIFO were replaced (as on main), the reader would wait for a writer forever.
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
     reader.start()
     assert main([*args, "--output", str(fifo)]) == 0
-    reader.join(timeout=60)
+    reader.join(timeout=30)
     assert received == [expected.encode()]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     capsys.readouterr()
