@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt.model import ARCHS, Packing, TransformerModel, build_model
+from nmt.config import model_config
+from nmt.model import Packing, TransformerModel, build_model
 from nmt.model.attention import AttentionMask, attention
 
 PAD, BOS, NUM_SPECIALS = 0, 1, 4
@@ -133,8 +134,12 @@ def run_layouts(
     """Target tokens per second of each layout; layouts alternate batch by batch, so load from other
     processes on the machine falls on all of them alike (one warm-up pass is not timed)."""
     torch.manual_seed(0)
-    cfg = ARCHS["transformer_tiny"](
-        src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, attention=backend
+    cfg = model_config(
+        "transformer_tiny",
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        pad_id=PAD,
+        attention=backend,
     )
     model = build_model(cfg).to(device).train()
     layouts = [

@@ -14,12 +14,12 @@ from typing import TextIO
 import numpy as np
 
 from nmt.config import EvalConfig, EvalIOConfig
+from nmt.data.text import count_lines, open_binary
 from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.output import FairseqLines, base2, plain_lines
 from nmt.eval.translate import (
     Translation,
     Translator,
-    count_lines,
     iter_line_chunks,
     load_split,
     read_references,
@@ -153,7 +153,7 @@ def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
             handle, name = (
                 (sys.stdin.buffer, "<stdin>")
                 if from_stdin
-                else (stack.enter_context(open(io.input, "rb")), io.input)
+                else (stack.enter_context(open_binary(io.input)), io.input)
             )
             start = 0
             for lines in iter_line_chunks(handle, size=buffer_size, name=name):

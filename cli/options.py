@@ -123,8 +123,11 @@ def add_config_arguments(
         if kind is not bool:
             kwargs["metavar"] = meta.get("metavar") or f.name.upper()
         if kind is bool:
-            assert f.default is False, f"{cls.__name__}.{f.name}: boolean options default to False"
-            # A preset may turn a flag on (transformer_tiny shares its embeddings): --no-X turns it off.
+            # A plain flag only turns a default off state on; a flag over a preset (only_when_given)
+            # has both forms, since the preset may turn it on: --no-X turns it off.
+            assert f.default is False or only_when_given, (
+                f"{cls.__name__}.{f.name}: boolean options default to False"
+            )
             kwargs.update(
                 action=argparse.BooleanOptionalAction
             ) if only_when_given else kwargs.update(action="store_true")

@@ -19,9 +19,10 @@ from nmt.config import (
     OptimConfig,
     RunConfig,
     TrainConfig,
+    model_config,
 )
 from nmt.data import Manifest, load_manifest
-from nmt.model import ARCHS
+from nmt.data.spm import PAD_ID
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
@@ -65,10 +66,6 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
         logging=section(LoggingConfig, "logging"),
         run=section(RunConfig, "run"),
     )
-    if train_cfg.run.arch not in ARCHS:
-        raise ValueError(
-            f"--arch: must be one of {', '.join(sorted(ARCHS))}, got {train_cfg.run.arch!r}"
-        )
     explicit = config_values(ModelConfig, args, dest_prefix="model.")
     if not manifest.spm.joint:
         if explicit.get("share_all_embeddings"):
@@ -79,10 +76,11 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
         explicit.setdefault(
             "share_all_embeddings", False
         )  # a preset's sharing needs one vocabulary
-    model_cfg = ARCHS[train_cfg.run.arch](
+    model_cfg = model_config(
+        train_cfg.run.arch,
         src_vocab_size=manifest.spm.src_vocab_size,
         tgt_vocab_size=manifest.spm.tgt_vocab_size,
-        pad_id=manifest.special_ids["pad"],
+        pad_id=PAD_ID,  # the manifest holds the toolkit's ids (checked when it is read)
         **explicit,
     )
     return train_cfg, model_cfg
@@ -153,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         with session(train_cfg.run.device) as this_process:
             scorer = None
-            if (train_cfg.data.curriculum or "").startswith("model:"):
+            curriculum = train_cfg.data.curriculum_spec
+            if curriculum is not None and curriculum.kind == "model":
                 scorer = checkpoint_scorer(
-                    train_cfg.data.curriculum[len("model:") :],
+                    curriculum.checkpoint,
                     manifest=manifest,
                     device=this_process.device,
                 )

@@ -13,6 +13,7 @@ so that no code from a checkpoint file ever runs. Keys:
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -37,12 +38,19 @@ def numbered_name(*, epoch: int, num_updates: int, end_of_epoch: bool) -> str:
     return f"checkpoint{epoch}.pt" if end_of_epoch else f"checkpoint_{epoch}_{num_updates}.pt"
 
 
+def _training_order(name: str) -> tuple[int, float]:
+    """(epoch, update) of a numbered name; an epoch's own checkpoint comes after its updates'."""
+    numbers = [int(n) for n in re.findall(r"\d+", name)]
+    return (numbers[0], numbers[1]) if len(numbers) == 2 else (numbers[0], math.inf)
+
+
 def numbered_checkpoints(save_dir: str) -> list[str]:
-    """The numbered checkpoints in ``save_dir``, newest first (by modification time)."""
-    paths = [
-        os.path.join(save_dir, name) for name in os.listdir(save_dir) if NUMBERED.fullmatch(name)
+    """The numbered checkpoints in ``save_dir``, newest first by the epoch and update in their names
+    (file times change when files are copied or touched; the numbers do not)."""
+    names = [name for name in os.listdir(save_dir) if NUMBERED.fullmatch(name)]
+    return [
+        os.path.join(save_dir, name) for name in sorted(names, key=_training_order, reverse=True)
     ]
-    return sorted(paths, key=os.path.getmtime, reverse=True)
 
 
 def last_checkpoints(save_dir: str, count: int) -> list[str]:

@@ -11,6 +11,7 @@ because that is what the user typed and what they have to change.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import typing
@@ -203,7 +204,9 @@ class PreprocessConfig:
 class ModelConfig:
     """Encoder-decoder transformer hyper-parameters (fairseq's flag names).
 
-    On the command line every field overrides the ``--arch`` preset only when given.
+    The defaults are ``transformer_tiny``, nmt-train's default preset (``ARCHS`` holds the others as
+    overrides of these). On the command line every field overrides the ``--arch`` preset only when
+    given.
     """
 
     src_vocab_size: int = opt(8000, cli=False)
@@ -211,10 +214,10 @@ class ModelConfig:
     pad_id: int = opt(0, cli=False)
     encoder_layers: int = opt(3)
     decoder_layers: int = opt(3)
-    encoder_embed_dim: int = opt(256)
-    decoder_embed_dim: int = opt(256)
-    encoder_ffn_embed_dim: int = opt(1024)
-    decoder_ffn_embed_dim: int = opt(1024)
+    encoder_embed_dim: int = opt(128)
+    decoder_embed_dim: int = opt(128)
+    encoder_ffn_embed_dim: int = opt(512)
+    decoder_ffn_embed_dim: int = opt(512)
     encoder_attention_heads: int = opt(4)
     decoder_attention_heads: int = opt(4)
     dropout: float = opt(0.1)
@@ -233,10 +236,10 @@ class ModelConfig:
     max_target_positions: int = opt(1024)
     no_scale_embedding: bool = opt(False, "do not scale embeddings by sqrt(dim)")
     share_all_embeddings: bool = opt(
-        False, "one embedding for encoder input, decoder input and output (joint vocabulary)"
+        True, "one embedding for encoder input, decoder input and output (joint vocabulary)"
     )
     share_decoder_input_output_embed: bool = opt(
-        False, "tie the decoder's input embedding and output projection"
+        True, "tie the decoder's input embedding and output projection"
     )
     attention: str = opt(
         "auto",
@@ -280,6 +283,54 @@ class ModelConfig:
                 "share_all_embeddings",
                 "needs --encoder-embed-dim == --decoder-embed-dim",
             )
+
+
+def _sides(**values: Any) -> dict[str, Any]:
+    """Same value for encoder and decoder: ``layers=6`` -> encoder_layers=6, decoder_layers=6."""
+    return {
+        f"{side}_{name}": value for name, value in values.items() for side in ("encoder", "decoder")
+    }
+
+
+_UNSHARED = {"share_all_embeddings": False, "share_decoder_input_output_embed": False}
+_BASE = {**_sides(layers=6, embed_dim=512, ffn_embed_dim=2048, attention_heads=8), **_UNSHARED}
+_BIG = {
+    **_sides(layers=6, embed_dim=1024, ffn_embed_dim=4096, attention_heads=16),
+    **_UNSHARED,
+    "dropout": 0.3,
+}
+_PRENORM = _sides(normalize_before=True)
+
+# Named model presets, as overrides of ModelConfig's defaults (transformer_tiny: small data on small
+# machines, 3+3 layers x 128, FFN 512, all embeddings shared; chosen on Multi30k val for BLEU per CPU
+# minute, examples/multi30k/README.md). Vaswani et al.'s base and big are post-norm; *_prenorm put
+# the layer norm before each sublayer. fairseq's names map to the same models.
+ARCHS: dict[str, dict[str, Any]] = {
+    "transformer_tiny": {},
+    "transformer_base": _BASE,
+    "transformer_base_prenorm": {**_BASE, **_PRENORM},
+    "transformer_big": _BIG,
+    "transformer_big_prenorm": {**_BIG, **_PRENORM},
+    "transformer_iwslt_de_en": {
+        **_sides(layers=6, embed_dim=512, ffn_embed_dim=1024, attention_heads=4),
+        **_UNSHARED,
+    },
+    "transformer": _BASE,
+    "transformer_wmt_en_de": _BASE,
+    "transformer_vaswani_wmt_en_de_big": _BIG,
+    "transformer_wmt_en_de_big": {**_BIG, "attention_dropout": 0.1},
+}
+
+
+def model_config(arch: str, **overrides: Any) -> ModelConfig:
+    """The ``arch`` preset with ``overrides`` (ModelConfig fields) on top."""
+    if arch not in ARCHS:
+        raise ValueError(f"--arch: must be one of {', '.join(sorted(ARCHS))}, got {arch!r}")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"{option_name(unknown[0])}: not a model option")
+    return ModelConfig(**{**ARCHS[arch], **overrides})
 
 
 @dataclass
@@ -350,6 +401,30 @@ class BatchingConfig:
 CURRICULUM_KINDS = ("length", "file:PATH[,PATH...]", "model:CHECKPOINT")
 
 
+@dataclass(frozen=True)
+class Curriculum:
+    """``--curriculum`` parsed: what makes a training pair difficult."""
+
+    kind: str  # "length" (the longer side), "file" (score files), "model" (a checkpoint's loss)
+    paths: tuple[str, ...] = ()  # file: one score file per training split; model: the checkpoint
+
+    @classmethod
+    def parse(cls, text: str) -> Curriculum:
+        kind, _, rest = text.partition(":")
+        if text == "length":
+            return cls("length")
+        if kind in ("file", "model") and rest:
+            return cls(kind, tuple(rest.split(",")) if kind == "file" else (rest,))
+        raise ValueError(
+            f"--curriculum: must be one of {', '.join(CURRICULUM_KINDS)}, got {text!r}"
+        )
+
+    @property
+    def checkpoint(self) -> str:
+        assert self.kind == "model"
+        return self.paths[0]
+
+
 @dataclass
 class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
@@ -417,20 +492,13 @@ class DataConfig:
             "epoch_samples",
             "must be >= 0 (0: the sum of the corpus sizes)",
         )
-        kind = (self.curriculum or "").split(":", 1)[0]
-        _require(
-            self.curriculum is None
-            or self.curriculum == "length"
-            or (kind in ("file", "model") and ":" in self.curriculum),
-            "curriculum",
-            f"must be one of {', '.join(CURRICULUM_KINDS)}, got {self.curriculum!r}",
-        )
-        if kind == "file":
-            paths = self.curriculum_files
+        curriculum = self.curriculum_spec  # parsed (and checked) here, once
+        if curriculum is not None and curriculum.kind == "file":
             _require(
-                len(paths) == len(self.train_subsets) and all(paths),
+                len(curriculum.paths) == len(self.train_subsets) and all(curriculum.paths),
                 "curriculum",
-                f"file: needs one score file per --train-subsets entry ({len(self.train_subsets)}), got {len(paths)}",
+                f"file: needs one score file per --train-subsets entry ({len(self.train_subsets)}), "
+                f"got {len(curriculum.paths)}",
             )
         _require(self.num_workers >= 0, "num_workers", "must be >= 0")
         _require(
@@ -439,13 +507,10 @@ class DataConfig:
             "needs a difficulty (--curriculum)",
         )
 
-    @property
-    def curriculum_files(self) -> list[str]:
-        return (
-            self.curriculum[len("file:") :].split(",")
-            if (self.curriculum or "").startswith("file:")
-            else []
-        )
+    @functools.cached_property
+    def curriculum_spec(self) -> Curriculum | None:
+        """--curriculum as a typed value (None: no curriculum)."""
+        return None if self.curriculum is None else Curriculum.parse(self.curriculum)
 
     @property
     def blended(self) -> bool:
@@ -636,7 +701,10 @@ class LoggingConfig:
 class RunConfig:
     """The model preset, device, precision and compilation, when to stop, the seed."""
 
-    arch: str = opt("transformer_tiny", "model preset; model flags override it one by one")
+    arch: str = opt(
+        "transformer_tiny",
+        f"model preset ({', '.join(ARCHS)}); model flags override it one by one",
+    )
     device: str = opt("auto", "auto: CUDA when available", choices=("auto", "cpu", "cuda"))
     cpu: bool = opt(False, "fairseq's spelling of --device cpu")
     bf16: bool = opt(False, "bfloat16 autocast")
@@ -653,6 +721,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
+        _require(
+            self.arch in ARCHS,
+            "arch",
+            f"must be one of {', '.join(sorted(ARCHS))}, got {self.arch!r}",
+        )
         if self.cpu:
             _require(self.device in ("auto", "cpu"), "cpu", f"contradicts --device {self.device}")
             self.device = "cpu"

@@ -54,11 +54,32 @@ def get_world_size() -> int:
     return torch_dist.get_world_size() if is_initialized() else 1
 
 
+def backend_for(device_type: str) -> str:
+    """The process group's backends for a session on ``device_type``.
+
+    On CUDA one group holds two backends: NCCL for tensors on the GPU (gradients, the hot loop's
+    running sums) and gloo for tensors in host memory (the set-up collectives over numpy data:
+    the sample sort, blend parts, object broadcasts). Every collective then finds a backend for the
+    device its tensor is on, which a pure NCCL group does not ("No backend type associated with
+    device type cpu"); and host data is never copied to the GPU only to be reduced there. Object
+    collectives on such a group run on the CPU (torch picks cpu when a group has it).
+    """
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
+def served_device_types(backend: str) -> frozenset[str]:
+    """The device types whose tensors a backend string (``backend_for``'s form) can reduce."""
+    if ":" not in backend:
+        return frozenset({"cuda"} if backend == "nccl" else {"cpu", "cuda"})
+    return frozenset(pair.split(":", 1)[0] for pair in backend.split(","))
+
+
 def init_distributed(device_type: str, *, timeout_minutes: float = 30.0) -> DistEnv:
-    """Join the process group torchrun describes (gloo on CPU, NCCL on CUDA); no-op for one rank."""
+    """Join the process group torchrun describes (``backend_for(device_type)``); no-op for one
+    rank. On CUDA, call after ``resolve_device`` (which sets the current device)."""
     env = env_from_environ()
     if env.world_size > 1 and not is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
+        backend = backend_for(device_type)
         timeout = datetime.timedelta(minutes=timeout_minutes)
         torch_dist.init_process_group(
             backend=backend,

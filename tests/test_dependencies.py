@@ -15,6 +15,7 @@ FORBIDDEN = {
     "nmt/deploy": ("nmt.train", "nmt_cli"),
     "nmt/config.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "torch"),
     "nmt/dist.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy"),
+    "nmt/device.py": ("nmt.data", "nmt.model", "nmt.train", "nmt.eval", "nmt.deploy", "nmt.dist"),
     "nmt/checkpoint_io.py": (
         "nmt.data",
         "nmt.model",

@@ -21,7 +21,7 @@ __getattr__, __all__ = lazy_exports(
         "nmt.data.sample_sort": ["distributed_sample_sort"],
         "nmt.data.indexed": ["IndexedDataset", "IndexedWriter"],
         "nmt.data.manifest": ["Manifest", "load_manifest"],
-        "nmt.data.packing": ["partition_microbatches", "restore_order", "unpack"],
+        "nmt.data.packing": ["partition_microbatches", "restore_order"],
         "nmt.data.plan": ["MicroBatch", "TrainingDataPlan", "Update"],
         "nmt.data.spm": ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "SentencePieceModel"],
         "nmt.data.text": ["DataError"],

@@ -230,8 +230,9 @@ def global_batches(
     src, tgt = check_lengths(
         src_lengths, tgt_lengths, max_tokens=cfg.max_tokens, length_multiple=length_multiple
     )
-    if cfg.competence_updates > 0 and difficulty is None:
-        raise ValueError("--competence-updates needs a curriculum (difficulty per sample)")
+    assert cfg.competence_updates == 0 or difficulty is not None, (
+        "competence needs a difficulty (checked by DataConfig)"
+    )
     rngs = [np.random.default_rng([seed, epoch, stream]) for stream in range(3)]
     active = difficulty is not None and curriculum_active(
         cfg, epoch=epoch, start_update=start_update

@@ -11,8 +11,12 @@ packed: ``src_tokens`` (Ns,), ``prev_output_tokens``/``target`` (Nt,); lengths (
     (N,) int64 restarting at 0 per sample. N is at least ``pad_tokens_to``, rounded up to
     ``length_multiple``; tokens past cu_seqlens[-1] are padding (pad_id, position 0) and belong to
     no sample: attention must ignore them and the loss sees pad targets.
-both: ``num_tokens`` (real target tokens) and ``num_sentences`` (B) as 0-d int64 CPU tensors, so the
-    dict is all tensors; read them (``int(...)``) before moving the batch to a device.
+both: ``target_index`` (number of real target tokens,) int64: where the real target tokens lie in
+    the flattened ``target`` (the loss is computed there only; an index made here, on the host,
+    spares the device a boolean-mask selection, which would make the host wait for it).
+
+Everything is computed with numpy on the host and handed over as tensors: nothing here reads a
+tensor, so collating never waits for a device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from nmt.data.packing import cu_seqlens_from_lengths, positions_from_lengths, unpack
+from nmt.data.packing import cu_seqlens_from_lengths, positions_from_lengths
 
 LAYOUTS = ("padded", "packed")
 Sample = tuple[np.ndarray, np.ndarray]
@@ -83,8 +87,8 @@ def collate(
     prev = shift_right(tgt, tgt_lengths, bos_id=bos_id)
     extra_rows = np.zeros(num_rows - len(samples), dtype=np.int64)
     lengths = {
-        "src": torch.from_numpy(np.concatenate([src_lengths, extra_rows])),
-        "tgt": torch.from_numpy(np.concatenate([tgt_lengths, extra_rows])),
+        "src": np.concatenate([src_lengths, extra_rows]),
+        "tgt": np.concatenate([tgt_lengths, extra_rows]),
     }
     tokens = {
         "src_tokens": ("src", src),
@@ -92,33 +96,46 @@ def collate(
         "target": ("tgt", tgt),
     }
     batch: dict[str, torch.Tensor] = {
-        "src_lengths": lengths["src"],
-        "tgt_lengths": lengths["tgt"],
-        "num_tokens": torch.tensor(int(tgt_lengths.sum())),
-        "num_sentences": torch.tensor(len(samples)),
+        "src_lengths": torch.from_numpy(lengths["src"]),
+        "tgt_lengths": torch.from_numpy(lengths["tgt"]),
     }
+    num_target = int(tgt_lengths.sum())
     if layout == "packed":
+        totals = {}
         for side in ("src", "tgt"):
-            num_real = int(lengths[side].sum())
-            total = _padded_total(
-                num_real, pad_to=pad_tokens_to, multiple=length_multiple, name="pad_tokens_to"
+            totals[side] = _padded_total(
+                int(lengths[side].sum()),
+                pad_to=pad_tokens_to,
+                multiple=length_multiple,
+                name="pad_tokens_to",
             )
-            batch[f"{side}_cu_seqlens"] = cu_seqlens_from_lengths(lengths[side])
-            batch[f"{side}_positions"] = positions_from_lengths(lengths[side], total=total)
+            batch[f"{side}_cu_seqlens"] = torch.from_numpy(cu_seqlens_from_lengths(lengths[side]))
+            batch[f"{side}_positions"] = torch.from_numpy(
+                positions_from_lengths(lengths[side], total=totals[side])
+            )
         for key, (side, flat) in tokens.items():
-            out = torch.full((batch[f"{side}_positions"].shape[0],), pad_id, dtype=torch.int64)
-            out[: flat.shape[0]] = torch.from_numpy(flat)
-            batch[key] = out
+            out = np.full(totals[side], pad_id, dtype=np.int64)
+            out[: flat.shape[0]] = flat
+            batch[key] = torch.from_numpy(out)
+        batch["target_index"] = torch.arange(num_target)
     else:
-        for key, (side, flat) in tokens.items():
-            width = _padded_total(
-                int(lengths[side].max()) if num_rows else 0,
+        widths = {
+            side: _padded_total(
+                int(lengths[side].max(initial=0)),
                 pad_to=pad_tokens_to,
                 multiple=length_multiple,
                 name="pad_tokens_to",
                 minimum=1,
             )
-            batch[key] = unpack(
-                torch.from_numpy(flat), lengths[side], max_length=width, pad_value=pad_id
-            )
+            for side in ("src", "tgt")
+        }
+        slots = {}  # flat (row * width + column) slot of every real token of a side
+        for side in ("src", "tgt"):
+            rows = np.repeat(np.arange(num_rows, dtype=np.int64), lengths[side])
+            slots[side] = rows * widths[side] + positions_from_lengths(lengths[side])
+        for key, (side, flat) in tokens.items():
+            out = np.full(num_rows * widths[side], pad_id, dtype=np.int64)
+            out[slots[side]] = flat
+            batch[key] = torch.from_numpy(out.reshape(num_rows, widths[side]))
+        batch["target_index"] = torch.from_numpy(slots["tgt"])
     return batch

@@ -1,6 +1,6 @@
 """Curriculum: per-sample difficulty and square-root competence (numpy only).
 
-Difficulty is any float per training pair (``"length"`` = the longer side). Samples are ranked by
+Difficulty is any float per training pair (``length_difficulty``: the longer side). Samples are ranked by
 (difficulty, index), so ties never depend on the sort algorithm or on the number of ranks.
 Competence (Platanios et al. 2019, "Competence-based curriculum learning for NMT"):
 ``c(t) = min(1, sqrt(t * (1 - c0**2) / T + c0**2))``; at update t only the easiest c(t) fraction of
@@ -12,30 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
-Curriculum = str | np.ndarray | None
+
+def length_difficulty(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    """``--curriculum length``: the longer side of each pair, as float64."""
+    return np.maximum(src_lengths, tgt_lengths).astype(np.float64)
 
 
-def difficulty_from(
-    curriculum: Curriculum, *, src_lengths: np.ndarray, tgt_lengths: np.ndarray
-) -> np.ndarray | None:
-    """Per-sample difficulty (float64) from the sampler's ``curriculum`` option; None when off."""
-    if curriculum is None:
-        return None
-    if isinstance(curriculum, str):
-        if curriculum != "length":
-            raise ValueError(
-                f"curriculum must be None, 'length' or an array of scores, got {curriculum!r}"
-            )
-        return np.maximum(src_lengths, tgt_lengths).astype(np.float64)
-    difficulty = np.asarray(curriculum, dtype=np.float64)
-    if difficulty.shape != src_lengths.shape:
+def check_difficulty(difficulty: np.ndarray, *, num_samples: int) -> np.ndarray:
+    """One finite float64 score per sample, or ValueError naming the first bad one."""
+    difficulty = np.asarray(difficulty, dtype=np.float64)
+    if difficulty.shape != (num_samples,):
         raise ValueError(
-            f"curriculum has {difficulty.shape} scores, expected one per sample {src_lengths.shape}"
+            f"difficulty has {difficulty.shape} scores, expected one per sample ({num_samples},)"
         )
     bad = np.flatnonzero(~np.isfinite(difficulty))
     if bad.size:
         raise ValueError(
-            f"curriculum score of sample {bad[0]} is {difficulty[bad[0]]}; scores must be finite"
+            f"difficulty of sample {bad[0]} is {difficulty[bad[0]]}; scores must be finite"
         )
     return difficulty
 

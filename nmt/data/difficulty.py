@@ -25,6 +25,7 @@ from nmt import dist
 from nmt.config import DataConfig
 from nmt.data.collate import Sample
 from nmt.data.corpus import ParallelCorpus
+from nmt.data.curriculum import length_difficulty
 from nmt.data.manifest import Manifest
 from nmt.data.sample_sort import distributed_sample_sort
 from nmt.fileio import atomic_write
@@ -47,20 +48,20 @@ def corpus_difficulty(
     cache_dir: str | None,
 ) -> np.ndarray | None:
     """One difficulty per sample of the corpora, in corpus order (concatenated); None without a curriculum."""
-    spec = cfg.curriculum
+    spec = cfg.curriculum_spec
     if spec is None:
         return None
-    if spec == "length":
-        return np.concatenate([np.maximum(c.src_lengths, c.tgt_lengths) for c in corpora]).astype(
-            np.float64
-        )
-    if spec.startswith("file:"):
+    if spec.kind == "length":
+        return np.concatenate([length_difficulty(c.src_lengths, c.tgt_lengths) for c in corpora])
+    if spec.kind == "file":
         return np.concatenate(
-            [read_scores(path, corpus) for path, corpus in zip(cfg.curriculum_files, corpora)]
+            [read_scores(path, corpus) for path, corpus in zip(spec.paths, corpora)]
         )
     if scorer is None:
-        raise ValueError(f"--curriculum {spec}: no model scorer was given to the data plan")
-    checkpoint = spec[len("model:") :]
+        raise ValueError(
+            f"--curriculum {cfg.curriculum}: no model scorer was given to the data plan"
+        )
+    checkpoint = spec.checkpoint
     cache_name = f"model-{_cache_key(checkpoint, corpora, manifest)}.npy"
     candidates = [os.path.join(cfg.data_dir, "difficulty", cache_name)]
     if cache_dir is not None:

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from nmt.data.spm import SPECIAL_IDS
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2  # 2: splits in parts, references, token-id maxima; version 1 is still read
 
@@ -119,11 +121,16 @@ class Manifest:
             )
         spm = reader.get(values, "spm", dict)
         splits = reader.get(values, "splits", dict)
+        special_ids = reader.get(values, "special_ids", dict)
+        if special_ids != SPECIAL_IDS:
+            # Collate, the loss and the search use the toolkit's ids; a dataset with others would
+            # train on the wrong padding silently.
+            raise ValueError(f"{source}: special ids {special_ids}, this nmt uses {SPECIAL_IDS}")
         return cls(
             directory=directory,
             source_lang=reader.get(values, "source_lang", str),
             target_lang=reader.get(values, "target_lang", str),
-            special_ids=reader.get(values, "special_ids", dict),
+            special_ids=special_ids,
             spm=SpmEntry(
                 joint=reader.get(spm, "joint", bool, where="spm"),
                 src_model=reader.get(spm, "src_model", str, where="spm"),

@@ -2,8 +2,8 @@
 
 A packed side is one sequence of all samples' tokens, shape (N, ...), plus ``cu_seqlens`` (B + 1,)
 int32 (sample b is ``tokens[cu[b]:cu[b+1]]``, the layout of varlen attention kernels) and
-``positions`` (N,) restarting at 0 in every sample. ``unpack`` restores the padded (B, T, ...)
-layout from the lengths alone, so it also serves model outputs (logits, hidden states).
+``positions`` (N,) restarting at 0 in every sample (``nmt.model.unpack`` restores the padded
+(B, T, ...) layout from the lengths alone).
 """
 
 from __future__ import annotations
@@ -12,53 +12,27 @@ import heapq
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from nmt import dist
 
 
-def cu_seqlens_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+def cu_seqlens_from_lengths(lengths: np.ndarray) -> np.ndarray:
     """(B,) lengths -> (B + 1,) int32 offsets starting at 0."""
-    cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lengths, dim=0)
+    cu = np.zeros(lengths.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
     return cu
 
 
-def positions_from_lengths(lengths: torch.Tensor, *, total: int | None = None) -> torch.Tensor:
-    """(N,) position ids restarting at 0 per sample; ``total`` > sum(lengths) appends zeros (padding)."""
+def positions_from_lengths(lengths: np.ndarray, *, total: int | None = None) -> np.ndarray:
+    """(N,) int64 position ids restarting at 0 per sample; ``total`` > sum(lengths) appends zeros
+    (padding)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     num_real = int(lengths.sum())
     total = num_real if total is None else total
-    starts = torch.cumsum(lengths, dim=0) - lengths
-    positions = torch.zeros(total, dtype=torch.int64)
-    positions[:num_real] = torch.arange(num_real) - torch.repeat_interleave(starts, lengths)
+    starts = np.cumsum(lengths) - lengths
+    positions = np.zeros(total, dtype=np.int64)
+    positions[:num_real] = np.arange(num_real) - np.repeat(starts, lengths)
     return positions
-
-
-def unpack(
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
-    *,
-    max_length: int | None = None,
-    pad_value: float = 0,
-) -> torch.Tensor:
-    """Packed (N, ...) -> padded (B, T, ...) with T = ``max_length`` or the longest; tokens past
-    sum(lengths) (static-shape padding) are ignored."""
-    num_rows = lengths.shape[0]
-    width = int(lengths.max()) if num_rows else 0
-    if max_length is not None:
-        if max_length < width:
-            raise ValueError(
-                f"max_length={max_length} is shorter than the longest sample ({width})"
-            )
-        width = max_length
-    num_real = int(lengths.sum())
-    rows = torch.repeat_interleave(torch.arange(num_rows), lengths)
-    columns = positions_from_lengths(lengths)
-    out = torch.full(
-        (num_rows, width, *tokens.shape[1:]), pad_value, dtype=tokens.dtype, device=tokens.device
-    )
-    out[rows.to(tokens.device), columns.to(tokens.device)] = tokens[:num_real]
-    return out
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:

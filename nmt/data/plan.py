@@ -8,7 +8,7 @@ for the next update::
 
     plan = TrainingDataPlan(cfg.data, seed=1, rank=r, world_size=w)
     while ...:
-        info = plan.begin_epoch()
+        info = plan.begin_epoch()          # info.epoch: 1-based, as users count epochs
         for update in plan.updates():      # this rank's collated micro-batches + the global counts
             ...
         plan.end_epoch()
@@ -54,6 +54,8 @@ class MicroBatch:
     batch: dict[str, torch.Tensor]  # collated, on the CPU
     seed: int  # dropout seed
     dummy: bool  # keeps ranks in step at an epoch's end, or an empty part of a split: zero weight
+    real_tokens: int  # source + target tokens (0 for a dummy)
+    padded_tokens: int  # source + target positions of the collated tensors, padding included
 
 
 @dataclass
@@ -61,11 +63,13 @@ class Update:
     micro_batches: list[MicroBatch]  # this rank's
     num_tokens: int  # target tokens of the whole update, all ranks: the loss normaliser
     num_sentences: int  # sentences of the whole update, all ranks
+    epoch: int  # 1-based
+    ends_epoch: bool  # the last update of its epoch
 
 
 @dataclass
 class EpochInfo:
-    epoch: int  # 0-based
+    epoch: int  # 1-based
     num_updates: int  # updates in the epoch
     first_update: int  # > 0 when resuming inside the epoch
     blend_counts: dict[str, int]  # samples and tokens per corpus (blends only)
@@ -161,6 +165,11 @@ class TrainingDataPlan:
             if cfg.valid_subset in self.manifest.splits
             else None
         )
+        if self.valid is not None and len(self.valid) == 0:
+            raise ValueError(
+                f"{cfg.data_dir}: the validation split {cfg.valid_subset!r} has no pairs: every score "
+                "on it would be 0 (preprocess with a --validpref that has lines, or without one)"
+            )
         self._check_positions()
         self._report_long_valid_pairs()
         # Padded static shapes round every sample up; packed ones round the batch total instead.
@@ -188,13 +197,19 @@ class TrainingDataPlan:
             cache_dir=cache_dir,
         )
         self.blend = self._make_blend(cache_dir)
-        # The position: what a checkpoint saves.
-        self.epoch = 0
+        # The position: what a checkpoint saves. Epochs are 1-based, as users count them; the
+        # 0-based index seeds the epoch's batches and blend.
+        self.epoch = 1
         self.epoch_start_update = 0  # updates done before this epoch (competence schedules by it)
         self.updates_done = 0  # updates of this epoch already handed out
         self._current: EpochBatches | None = None
 
     # ----------------------------------------------------------------------------- set-up
+    @property
+    def epoch_index(self) -> int:
+        """The 0-based epoch: what seeds its batches, blend and dropout."""
+        return self.epoch - 1
+
     @property
     def num_samples(self) -> int:
         return sum(len(corpus) for corpus in self.corpora)
@@ -251,7 +266,7 @@ class TrainingDataPlan:
             dataset: ParallelCorpus | BlendedCorpus = self.corpora[0]
             difficulty = self.difficulty
         else:
-            dataset = BlendedCorpus(self.corpora, *self.blend.get(self.epoch))
+            dataset = BlendedCorpus(self.corpora, *self.blend.get(self.epoch_index))
             difficulty = None if self.difficulty is None else self.difficulty[dataset.flat_ids]
         src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
         per_update = self.world_size * self.batching.update_freq
@@ -260,7 +275,7 @@ class TrainingDataPlan:
             tgt,
             self.batching,
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=self.epoch_index,
             difficulty=difficulty,
             start_update=self.epoch_start_update,
             batches_per_update=per_update,
@@ -298,18 +313,25 @@ class TrainingDataPlan:
         return EpochInfo(self.epoch, epoch.num_updates, self.updates_done, counts)
 
     def updates(self) -> Iterator[Update]:
-        """The rest of the current epoch, update by update, from the saved position."""
+        """The rest of the current epoch, update by update, from the saved position. The caller
+        ends the epoch (``end_epoch``) once it has handled the update that ``ends_epoch``, before
+        saving: a checkpoint then resumes at the next epoch's start."""
         epoch = self.current
         per_rank = self.batching.update_freq
         batches = epoch.rank_batches
         collated = self._collated(epoch, start=self.updates_done * per_rank)
-        while self.updates_done < epoch.num_updates:
-            k = self.updates_done
+        for k in range(self.updates_done, epoch.num_updates):
             micro = []
             for position in range(k * per_rank, min((k + 1) * per_rank, len(batches))):
                 micro.extend(self.micro_batches(batches[position], ready=next(collated)))
-            self.updates_done += 1  # before the yield: a save after this update resumes after it
-            yield Update(micro, int(epoch.update_tokens[k]), int(epoch.update_sentences[k]))
+            self.updates_done = k + 1  # before the yield: a save after this update resumes after it
+            yield Update(
+                micro,
+                num_tokens=int(epoch.update_tokens[k]),
+                num_sentences=int(epoch.update_sentences[k]),
+                epoch=self.epoch,
+                ends_epoch=self.updates_done == epoch.num_updates,
+            )
 
     def end_epoch(self) -> None:
         assert self._current is not None and self.updates_done == self._current.num_updates, (
@@ -356,15 +378,21 @@ class TrainingDataPlan:
             else self._split(dataset, indices)
         )
         make = _BatchMaker(dataset, self)
-        return [
-            MicroBatch(
-                indices=part,
-                batch=ready if ready is not None else make(part),
-                seed=micro_seed(self.seed, self.epoch, key, part_index),
-                dummy=part.size == 0,
+        src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
+        micro = []
+        for part_index, part in enumerate(parts):
+            batch = ready if ready is not None else make(part)
+            micro.append(
+                MicroBatch(
+                    indices=part,
+                    batch=batch,
+                    seed=micro_seed(self.seed, self.epoch_index, key, part_index),
+                    dummy=part.size == 0,
+                    real_tokens=int(src[part].sum() + tgt[part].sum()),
+                    padded_tokens=batch["src_tokens"].numel() + batch["target"].numel(),
+                )
             )
-            for part_index, part in enumerate(parts)
-        ]
+        return micro
 
     def _split(
         self, dataset: ParallelCorpus | BlendedCorpus, indices: np.ndarray
@@ -432,13 +460,13 @@ class TrainingDataPlan:
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
         return {
-            "epoch": self.epoch,
+            "epoch": self.epoch_index,  # 0-based in checkpoints
             "epoch_start_update": self.epoch_start_update,
             "updates_done": self.updates_done,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
+        self.epoch = int(state["epoch"]) + 1
         self.epoch_start_update = int(state["epoch_start_update"])
         self.updates_done = int(state["updates_done"])
         self._current = None

@@ -10,7 +10,7 @@ from torch.utils.data import Sampler
 
 from nmt.config import BatchingConfig
 from nmt.data.batching import Batches, check_lengths, global_batches, shard
-from nmt.data.curriculum import Curriculum, difficulty_from
+from nmt.data.curriculum import check_difficulty
 
 
 class MaxTokensBatchSampler(Sampler[list[int]]):
@@ -36,7 +36,7 @@ class MaxTokensBatchSampler(Sampler[list[int]]):
         seed: int,
         num_replicas: int = 1,
         rank: int = 0,
-        curriculum: Curriculum = None,
+        difficulty: np.ndarray | None = None,
         length_multiple: int = 1,
         shuffle: bool = True,
     ) -> None:
@@ -54,8 +54,10 @@ class MaxTokensBatchSampler(Sampler[list[int]]):
             max_tokens=cfg.max_tokens,
             length_multiple=length_multiple,
         )
-        self.difficulty = difficulty_from(
-            curriculum, src_lengths=self.src_lengths, tgt_lengths=self.tgt_lengths
+        self.difficulty = (
+            None
+            if difficulty is None
+            else check_difficulty(difficulty, num_samples=self.src_lengths.shape[0])
         )
         self.num_replicas = num_replicas
         self.rank = rank

@@ -22,29 +22,13 @@ from nmt.checkpoint_io import (
 )
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
+from nmt.device import resolve_device
 from nmt.eval.ensemble import Ensemble
 from nmt.eval.hypothesis import Hypothesis
 from nmt.eval.search import generate
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger("nmt.eval")
-
-
-def resolve_device(name: str | torch.device) -> torch.device:
-    """``--device``: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"--device {name}: no CUDA device is available (use --device auto or cpu)"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here"
-            )
-    return device
 
 
 def decode_dtype(device: torch.device, precision: str | torch.dtype | None) -> torch.dtype | None:
@@ -76,7 +60,7 @@ def load_models(
     dtype: str | torch.dtype | None,
 ) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel]:
     """Checkpoints -> the models on ``device`` with the SentencePiece models they carry."""
-    device = resolve_device(device)
+    device = resolve_device(str(device))
     dtype = decode_dtype(device, dtype)
     logger.info("decoding on %s with PyTorch", device)
     if average or len(paths) == 1:

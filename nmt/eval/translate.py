@@ -512,14 +512,3 @@ def read_references(
             f"{path}: {len(references)} lines, but the split has a sentence from line {int(line_numbers.max()) + 1}"
         )
     return [references[i] for i in line_numbers]
-
-
-def count_lines(path: str) -> int:
-    """Lines of a text file as ``iter_line_chunks`` splits it (a last line without ``\\n`` counts),
-    read in blocks: the input is not held in memory."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")

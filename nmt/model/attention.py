@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nmt.device import move
+
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "xformers", "sdpa", "varlen")
@@ -119,6 +121,7 @@ class Packing:
     lengths: torch.Tensor  # (B,) int64
     cu_seqlens: torch.Tensor  # (B+1,) int32, starts of the samples and the total
     positions: torch.Tensor  # (N,) int64, position of each token within its sample (0 in the tail)
+    seqlens: list[int]  # the lengths on the host (xFormers' block masks are built from them)
     num_real: int  # tokens that belong to a sample (cu_seqlens[-1]); N - num_real is the tail
     max_len: int  # T of the padded view (>= 1)
     gather_index: torch.Tensor  # (B*T,) int64, packed row of each padded slot (0 for padding)
@@ -134,16 +137,18 @@ class Packing:
         positions: torch.Tensor | None = None,
     ) -> Packing:
         """Build from per-sample lengths (B,) and the packed length N (tail included);
-        ``cu_seqlens`` (B+1,) and ``positions`` (N,) are derived when not given (collate makes both)."""
+        ``cu_seqlens`` (B+1,) and ``positions`` (N,) are derived when not given (collate makes both).
+        Lengths in host memory are read as such; on a device, with one sync."""
         lengths = lengths.long()
+        seqlens = lengths.numpy().tolist() if lengths.device.type == "cpu" else lengths.tolist()
         if cu_seqlens is None:
             cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).int()
-        # One host sync for both numbers (the padded width and the consistency check).
-        max_len, num_real = torch.stack([lengths.max(), lengths.sum()]).tolist()
+        num_real = sum(seqlens)
         if num_real > num_tokens:
             raise ValueError(
                 f"packed batch has {num_tokens} tokens but its lengths sum to {num_real}"
             )
+        max_len = max(seqlens, default=0)
         max_len = max(max_len, 1)  # a batch of empty samples keeps a width (finite, masked)
         device = lengths.device
         starts = cu_seqlens[:-1].long()  # (B,)
@@ -159,7 +164,24 @@ class Packing:
             )  # (num_real,)
             positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
         scatter_index = sample_of_token * max_len + positions[:num_real]
-        return cls(lengths, cu_seqlens, positions, num_real, max_len, gather_index, scatter_index)
+        return cls(
+            lengths, cu_seqlens, positions, seqlens, num_real, max_len, gather_index, scatter_index
+        )
+
+    def to(self, device: torch.device) -> Packing:
+        """The same packing with its tensors on ``device`` (asynchronous copies from pinned memory
+        on CUDA); the host fields stay."""
+
+        return Packing(
+            move(self.lengths, device),
+            move(self.cu_seqlens, device),
+            move(self.positions, device),
+            self.seqlens,
+            self.num_real,
+            self.max_len,
+            move(self.gather_index, device),
+            move(self.scatter_index, device),
+        )
 
     @property
     def num_samples(self) -> int:
@@ -252,13 +274,14 @@ class AttentionMask:
             return self._cache[key]
         if self.packed:
             assert self.kv_packing is not None
-            q_lens = self.q_packing.lengths.tolist()
+            q_lens = self.q_packing.seqlens
             device = self.q_packing.lengths.device
             if self.causal:
                 bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(q_lens, device=device)
             else:
-                kv_lens = self.kv_packing.lengths.tolist()
-                bias = fmha.attn_bias.BlockDiagonalMask.from_seqlens(q_lens, kv_lens, device=device)
+                bias = fmha.attn_bias.BlockDiagonalMask.from_seqlens(
+                    q_lens, self.kv_packing.seqlens, device=device
+                )
         elif self.causal:
             bias = fmha.attn_bias.LowerTriangularMask()
         elif self.key_lengths is None:

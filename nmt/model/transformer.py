@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -459,11 +459,40 @@ class DecoderState:
 
 @dataclass
 class PackedMasks:
-    encoder: AttentionMask
-    decoder_self: AttentionMask
-    cross: AttentionMask
-    src_positions: torch.Tensor  # (Ns,)
-    tgt_positions: torch.Tensor  # (Nt,)
+    """A packed batch's three attention masks, made from the two sides' packings (each mask caches
+    its backend's tensors for every layer)."""
+
+    backend: str
+    src: Packing
+    tgt: Packing
+    encoder: AttentionMask = field(init=False)
+    decoder_self: AttentionMask = field(init=False)
+    cross: AttentionMask = field(init=False)
+
+    def __post_init__(self) -> None:
+        src, tgt = self.src, self.tgt
+        self.encoder = AttentionMask(
+            self.backend, key_lengths=src.lengths, q_packing=src, kv_packing=src
+        )
+        self.decoder_self = AttentionMask(
+            self.backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt
+        )
+        self.cross = AttentionMask(
+            self.backend, key_lengths=src.lengths, q_packing=tgt, kv_packing=src
+        )
+
+    @property
+    def src_positions(self) -> torch.Tensor:  # (Ns,)
+        return self.src.positions
+
+    @property
+    def tgt_positions(self) -> torch.Tensor:  # (Nt,)
+        return self.tgt.positions
+
+    def to(self, device: torch.device) -> PackedMasks:
+        """The same masks with their index tensors on ``device`` (built on the host, where the
+        sizes they need are known without reading the device)."""
+        return PackedMasks(self.backend, self.src.to(device), self.tgt.to(device))
 
 
 @torch.compiler.disable
@@ -489,15 +518,7 @@ def packed_masks(
     tgt = Packing.from_lengths(
         tgt_lengths, num_tokens=num_tgt, cu_seqlens=tgt_cu_seqlens, positions=tgt_positions
     )
-    return PackedMasks(
-        encoder=AttentionMask(backend, key_lengths=src.lengths, q_packing=src, kv_packing=src),
-        decoder_self=AttentionMask(
-            backend, causal=True, key_lengths=tgt.lengths, q_packing=tgt, kv_packing=tgt
-        ),
-        cross=AttentionMask(backend, key_lengths=src.lengths, q_packing=tgt, kv_packing=src),
-        src_positions=src.positions,
-        tgt_positions=tgt.positions,
-    )
+    return PackedMasks(backend, src, tgt)
 
 
 class TransformerModel(nn.Module):

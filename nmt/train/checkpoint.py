@@ -23,7 +23,6 @@ import torch
 
 from nmt import dist
 from nmt.checkpoint_io import (
-    BEST,
     FORMAT,
     LAST,
     VERSION,
@@ -41,6 +40,7 @@ from nmt.fileio import (
     remove_stale_temporaries,
     temporary_sibling,
 )
+from nmt.train.stopping import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ def rng_state() -> dict[str, Any]:
         },
         "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():
+        # This process's device only: get_rng_state_all() would start a CUDA context on every GPU.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -81,8 +82,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if isinstance(state.get("cuda"), torch.Tensor) and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def read_vocab(manifest: Manifest) -> dict[str, Any]:
@@ -308,27 +309,24 @@ class Checkpointer:
             for name in remove_stale_temporaries(self.cfg.save_dir):
                 logger.info("removed %s, left by a save that was killed", name)
 
-    def names(
-        self, *, epoch: int, num_updates: int, end_of_epoch: bool, is_best: bool, last: bool = True
-    ) -> list[str]:
-        """The files this save writes (the first is written, the others are links to it); ``epoch``
-        1-based, as the logs count: the epoch that ended, or the one in progress."""
-        names = [LAST] if last else []
-        numbered = (
-            end_of_epoch
-            and not self.cfg.no_epoch_checkpoints
-            and epoch % self.cfg.save_interval == 0
-        ) or (
-            not end_of_epoch
-            and self.cfg.save_interval_updates > 0
-            and num_updates % self.cfg.save_interval_updates == 0
+    def due(self, at: Progress, *, stopping: bool, validating: bool) -> list[str]:
+        """The files to write after this update (the first is written, the others are links to
+        it), none when no save is due. checkpoint_last.pt at every epoch's end, before every
+        validation (so a crash there loses nothing) and when the run stops; a numbered checkpoint
+        every --save-interval epochs (``checkpointE.pt``) or --save-interval-updates updates
+        (``checkpoint_E_U.pt``, E the epoch in progress), the epoch's taking precedence."""
+        if at.ends_epoch:
+            numbered = not self.cfg.no_epoch_checkpoints and at.epoch % self.cfg.save_interval == 0
+        else:
+            every = self.cfg.save_interval_updates
+            numbered = every > 0 and at.update % every == 0
+        names = (
+            [numbered_name(epoch=at.epoch, num_updates=at.update, end_of_epoch=at.ends_epoch)]
+            if numbered
+            else []
         )
-        if numbered:
-            names.insert(
-                0, numbered_name(epoch=epoch, num_updates=num_updates, end_of_epoch=end_of_epoch)
-            )
-        if is_best:
-            names.append(BEST)
+        if names or at.ends_epoch or stopping or validating:
+            names.append(LAST)
         return names
 
     def save(self, state: dict[str, Any], names: list[str]) -> None:

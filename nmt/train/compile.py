@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch._dynamo
 
 from nmt.data.shapes import StaticShapes
 from nmt.train.parallel import maybe_no_sync
+from nmt.train.step import UpdateStep
 
 logger = logging.getLogger(__name__)
-
-ForwardLoss = Callable[[torch.nn.Module, dict[str, Any]], tuple[torch.Tensor, torch.Tensor]]
 
 
 def compile_mode(*, device_type: str, world_size: int) -> str:
@@ -53,18 +50,11 @@ class CompiledModel:
         return compiled_frames() - self.frames_after_warmup
 
 
-def compile_for_shapes(
-    wrapped: torch.nn.Module,
-    static: StaticShapes,
-    forward_loss: ForwardLoss,
-    *,
-    device: torch.device,
-    world_size: int,
-    to_device: Callable[[dict[str, Any]], dict[str, Any]],
-) -> CompiledModel:
-    """Compile ``wrapped`` and run forward + backward once per shape on dummy data: no optimizer
-    step, RNG untouched, gradients zeroed after."""
+def compile_for_shapes(step: UpdateStep, static: StaticShapes, *, world_size: int) -> CompiledModel:
+    """Compile ``step``'s runner, run forward + backward once per shape on dummy data (no optimizer
+    step, RNG untouched, gradients zeroed after), and make the step train through it."""
     warmup_batches = static.warmup_batches()
+    device = step.device
     mode = compile_mode(device_type=device.type, world_size=world_size)
     # One graph per shape, and a few spare for the eval/train mode switch of the same module.
     torch._dynamo.config.recompile_limit = max(8, 2 * len(warmup_batches) + 2)
@@ -72,19 +62,20 @@ def compile_for_shapes(
         torch._dynamo.config.accumulated_recompile_limit, 4 * len(warmup_batches) + 8
     )
     try:
-        compiled = torch.compile(wrapped, dynamic=False, mode=mode)
+        compiled = torch.compile(step.runner, dynamic=False, mode=mode)
     except Exception as error:  # the platform cannot compile at all
         raise RuntimeError(
             f"--compile: torch.compile is not available here ({error}); run without --compile"
         ) from None
+    step.use_runner(compiled)
     started = time.perf_counter()
-    wrapped.train()
+    compiled.train()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for batch in warmup_batches:
-            with maybe_no_sync(wrapped, sync=False):
-                loss, _ = forward_loss(compiled, to_device(batch))
+            with maybe_no_sync(compiled, sync=False):
+                loss, _ = step.forward_loss(batch)
                 (loss * 0.0).backward()
-    for parameter in wrapped.parameters():
+    for parameter in step.model.parameters():
         parameter.grad = None
     result = CompiledModel(compiled, static, compiled_frames(), time.perf_counter() - started)
     torch.compiler.set_stance("fail_on_recompile")

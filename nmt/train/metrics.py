@@ -1,5 +1,6 @@
 """Training metrics: one line per record (simple text on stderr, or JSON on stdout), TensorBoard
-scalars, and the throughput window between two training records."""
+scalars, and the window of updates between two training records (whose device-side sums are read
+once, at the record)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import time
 from typing import Any
 
 from nmt.config import LoggingConfig
-from nmt.train.step import UpdateStats
+from nmt.train.step import Reading, UpdateStats, bits
+from nmt.train.stopping import Progress
+from nmt.train.validate import perplexity
 
 logger = logging.getLogger("nmt.train")
 
@@ -65,28 +68,34 @@ class MetricsLog:
                 if isinstance(value, (int, float)):
                     self.writer.add_scalar(f"{prefix}/{key}", value, update)
 
-    def record_update(
-        self, stats: UpdateStats, *, update: int, epoch: int, extra: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        """Count the update into the window; every --log-interval updates, log and return the record."""
+    def count(self, stats: UpdateStats) -> None:
+        """Count an update's host-side figures into the window."""
         self._window.add(stats)
-        if update % self.cfg.log_interval:
-            return None
+
+    def due(self, at: Progress) -> bool:
+        """Every --log-interval updates: the device is read then, and only then."""
+        return at.update % self.cfg.log_interval == 0
+
+    def log_reading(self, reading: Reading, *, at: Progress, lr: float) -> None:
+        """The record of the updates since the last one: losses per target token in base 2 (as
+        fairseq reports them), token and sentence totals, throughput, the last gradient norm."""
+        window = self._window
+        nll = bits(reading.nll, window.tokens)
         values = {
-            "loss": stats.loss,
-            "nll": stats.nll,
-            "ppl": 2**stats.nll,
-            "lr": stats.lr,
-            "ntokens": stats.ntokens,
-            "nsentences": stats.nsentences,
-            "wps": self._window.words_per_second(),
-            "gnorm": stats.grad_norm,
-            "padding_ratio": self._window.padding_ratio(),
-            **extra,
+            "loss": bits(reading.loss, window.tokens),
+            "nll": nll,
+            "ppl": perplexity(nll),
+            "lr": lr,
+            "ntokens": window.tokens,
+            "nsentences": window.sentences,
+            "wps": window.words_per_second(),
+            "gnorm": reading.grad_norm,
+            "padding_ratio": window.padding_ratio(),
+            "loss_scale": reading.loss_scale,
+            "skipped": reading.skipped_updates,
         }
-        self.log(values, prefix="train", update=update, epoch=epoch)
+        self.log(values, prefix="train", update=at.update, epoch=at.epoch)
         self._window = _Window()
-        return values
 
     def close(self) -> None:
         if self.writer is not None:
@@ -100,11 +109,12 @@ class _Window:
     """Tokens and padding since the last training record."""
 
     def __init__(self) -> None:
-        self.tokens = self.padded = self.real = 0
+        self.tokens = self.sentences = self.padded = self.real = 0
         self.started = time.perf_counter()
 
     def add(self, stats: UpdateStats) -> None:
         self.tokens += stats.ntokens
+        self.sentences += stats.nsentences
         self.padded += stats.padded_tokens
         self.real += stats.real_tokens
 

@@ -11,6 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt import dist
+from nmt.device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -26,23 +27,17 @@ class Session:
         return self.rank == 0
 
 
-def resolve_device(name: str, *, local_rank: int) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 @contextlib.contextmanager
 def session(device: str) -> Iterator[Session]:
-    """Join torchrun's process group (gloo on CPU, NCCL on CUDA; nothing for one process), pick the
-    device, and leave the group at the end whatever happens."""
-    use_cuda = device != "cpu" and torch.cuda.is_available()
-    env = dist.init_distributed("cuda" if use_cuda else "cpu")
+    """Pick this rank's device, join torchrun's process group (``dist.backend_for`` that device;
+    nothing for one process), and leave the group at the end whatever happens."""
+    env = dist.env_from_environ()
+    resolved = resolve_device(
+        device, local_rank=env.local_rank
+    )  # before the group: NCCL binds to it
+    dist.init_distributed(resolved.type)
     try:
-        yield Session(env.rank, env.world_size, resolve_device(device, local_rank=env.local_rank))
+        yield Session(env.rank, env.world_size, resolved)
     finally:
         dist.destroy()
 
@@ -61,7 +56,9 @@ def wrap_data_parallel(model: torch.nn.Module, *, device: torch.device) -> torch
 
 @contextlib.contextmanager
 def maybe_no_sync(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of an update."""
+    """Skip DDP's gradient all-reduce on all but the last micro-batch of an update (``model``: DDP,
+    or DDP compiled)."""
+    model = getattr(model, "_orig_mod", model)
     if sync or not isinstance(model, DistributedDataParallel):
         yield
     else:

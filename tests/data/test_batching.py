@@ -14,7 +14,7 @@ from nmt.data.batching import (
     round_up,
     shard,
 )
-from nmt.data.curriculum import competence, difficulty_fractions
+from nmt.data.curriculum import competence, difficulty_fractions, length_difficulty
 from nmt.data.sampler import MaxTokensBatchSampler
 
 
@@ -275,7 +275,7 @@ def test_curriculum_epochs_run_easy_to_hard_then_shuffle():
         TGT,
         BatchingConfig(layout="padded", max_tokens=2048, curriculum_epochs=2),
         seed=0,
-        curriculum="length",
+        difficulty=length_difficulty(SRC, TGT),
     )
     fractions = difficulty_fractions(np.maximum(SRC, TGT).astype(float))
     hardest = [fractions[b].max() for b in sampler]
@@ -303,7 +303,9 @@ def test_competence_admits_only_the_easiest_fraction_at_each_update():
         competence_initial=0.1,
         update_freq=update_freq,
     )
-    sampler = MaxTokensBatchSampler(SRC, TGT, cfg, seed=0, curriculum="length", num_replicas=world)
+    sampler = MaxTokensBatchSampler(
+        SRC, TGT, cfg, seed=0, difficulty=length_difficulty(SRC, TGT), num_replicas=world
+    )
     batches = sampler.global_batches().to_list()
     fractions = difficulty_fractions(np.maximum(SRC, TGT).astype(float))
     allowed = competence(

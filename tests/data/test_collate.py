@@ -5,7 +5,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.data.collate import collate
-from nmt.data.packing import unpack
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -23,7 +22,9 @@ def test_padded_layout():
     assert batch["target"].tolist() == [[7, EOS, PAD, PAD], [4, 5, 6, EOS]]
     assert batch["prev_output_tokens"].tolist() == [[BOS, 7, PAD, PAD], [BOS, 4, 5, 6]]
     assert batch["src_lengths"].tolist() == [3, 2] and batch["tgt_lengths"].tolist() == [2, 4]
-    assert int(batch["num_tokens"]) == 6 and int(batch["num_sentences"]) == 2
+    # real target tokens in the flattened (B, T) target
+    assert batch["target_index"].tolist() == [0, 1, 4, 5, 6, 7]
+    assert batch["target"].reshape(-1)[batch["target_index"]].tolist() == [7, EOS, 4, 5, 6, EOS]
     assert all(v.dtype == torch.int64 for k, v in batch.items())
 
 
@@ -38,6 +39,7 @@ def test_packed_layout():
     )
     assert batch["src_positions"].tolist() == [0, 1, 2, 0, 1]
     assert batch["tgt_positions"].tolist() == [0, 1, 0, 1, 2, 3]
+    assert batch["target_index"].tolist() == list(range(6))
 
 
 token_lists = st.lists(st.integers(min_value=3, max_value=50), max_size=6)
@@ -59,12 +61,23 @@ def test_packed_unpacks_to_padded(pairs, multiple, extra_rows):
     for key, side in [("src_tokens", "src"), ("prev_output_tokens", "tgt"), ("target", "tgt")]:
         assert torch.equal(packed[f"{side}_lengths"], padded[f"{side}_lengths"])
         width = padded[key].shape[1]
-        assert torch.equal(
-            unpack(packed[key], packed[f"{side}_lengths"], max_length=width), padded[key]
-        )
+        assert torch.equal(to_padded(packed[key], packed[f"{side}_lengths"], width), padded[key])
     # Extra rows are empty samples whose targets are all padding.
     assert (padded["target"][len(samples) :] == PAD).all()
-    assert int(padded["num_sentences"]) == len(samples)
+    # Both layouts point the loss at the same target tokens, and at no padding.
+    real_padded = padded["target"].reshape(-1)[padded["target_index"]]
+    assert torch.equal(packed["target"][packed["target_index"]], real_padded)
+    assert real_padded.shape[0] == sum(len(t) + 1 for _, t in pairs) and (real_padded != PAD).all()
+
+
+def to_padded(tokens: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    rows = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+    columns = torch.cat(
+        [torch.arange(int(n)) for n in lengths] + [torch.zeros(0, dtype=torch.int64)]
+    )
+    out = torch.full((lengths.shape[0], width), PAD, dtype=tokens.dtype)
+    out[rows, columns] = tokens[: rows.shape[0]]
+    return out
 
 
 def test_static_shapes_for_compilation():
@@ -83,7 +96,7 @@ def test_static_shapes_for_compilation():
 def test_empty_batches_and_empty_samples():
     dummy = collate([], pad_rows_to=2)
     assert dummy["target"].shape == (2, 1) and (dummy["target"] == PAD).all()
-    assert int(dummy["num_tokens"]) == 0 and int(dummy["num_sentences"]) == 0
+    assert dummy["target_index"].shape == (0,)  # nothing for the loss
     packed = collate([], layout="packed")
     assert packed["target"].shape == (0,) and packed["tgt_cu_seqlens"].tolist() == [0]
     empty_target = collate([(np.array([4, EOS]), np.array([], dtype=np.int64))])

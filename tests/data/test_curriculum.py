@@ -7,12 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nmt.config import BatchingConfig, Curriculum, DataConfig
 from nmt.data.curriculum import (
+    check_difficulty,
     competence,
     competence_schedule,
     competence_update,
     difficulty_fractions,
-    difficulty_from,
+    length_difficulty,
 )
 from nmt.data.sample_sort import distributed_sample_sort, lex_greater_equal, lexsort_rows
 
@@ -47,18 +49,26 @@ def test_difficulty_fractions_break_ties_by_index():
     np.testing.assert_allclose(fractions, [0.75, 0.25, 1.0, 0.5])
 
 
-def test_difficulty_from_validates_scores():
+def test_length_difficulty_and_score_checks():
     src, tgt = np.array([3, 5]), np.array([4, 2])
-    np.testing.assert_array_equal(
-        difficulty_from("length", src_lengths=src, tgt_lengths=tgt), [4, 5]
-    )
-    assert difficulty_from(None, src_lengths=src, tgt_lengths=tgt) is None
+    np.testing.assert_array_equal(length_difficulty(src, tgt), [4, 5])
     with pytest.raises(ValueError, match="sample 1"):
-        difficulty_from(np.array([0.5, np.nan]), src_lengths=src, tgt_lengths=tgt)
+        check_difficulty(np.array([0.5, np.nan]), num_samples=2)
     with pytest.raises(ValueError, match="one per sample"):
-        difficulty_from(np.array([0.5]), src_lengths=src, tgt_lengths=tgt)
-    with pytest.raises(ValueError, match="curriculum"):
-        difficulty_from("bleu", src_lengths=src, tgt_lengths=tgt)
+        check_difficulty(np.array([0.5]), num_samples=2)
+
+
+def test_curriculum_option_is_parsed_once_into_a_typed_value():
+    assert Curriculum.parse("length") == Curriculum("length")
+    assert Curriculum.parse("file:a.txt,b.txt").paths == ("a.txt", "b.txt")
+    assert Curriculum.parse("model:ck/x.pt").checkpoint == "ck/x.pt"
+    for bad in ("bleu", "file:", "model:", "length:3"):
+        with pytest.raises(ValueError, match="--curriculum: must be one of"):
+            Curriculum.parse(bad)
+    with pytest.raises(ValueError, match="one score file per --train-subsets entry"):
+        DataConfig("d", train_subsets=("train", "train1"), curriculum="file:a.txt")
+    with pytest.raises(ValueError, match="--competence-updates: needs a difficulty"):
+        DataConfig("d", batching=BatchingConfig(competence_updates=10))
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,7 +3,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +14,6 @@ from nmt.data.packing import (
     positions_from_lengths,
     repair_capacity,
     restore_order,
-    unpack,
 )
 
 # --import-mode=importlib keeps test folders off sys.path; spawned workers inherit this entry.
@@ -26,28 +24,14 @@ lengths_strategy = st.lists(st.integers(min_value=0, max_value=9), max_size=12)
 
 
 @settings(max_examples=30, deadline=None)
-@given(lengths=lengths_strategy, hidden=st.sampled_from([None, 3]))
-def test_pack_unpack_round_trip(lengths, hidden):
-    shape = lambda n: (n,) if hidden is None else (n, hidden)  # noqa: E731
-    sequences = [torch.randn(shape(n)) for n in lengths]
-    tokens = torch.cat(sequences) if sequences else torch.zeros(shape(0))
-    sizes = torch.tensor(lengths, dtype=torch.int64)
+@given(lengths=lengths_strategy)
+def test_offsets_and_positions_from_lengths(lengths):
+    sizes = np.array(lengths, dtype=np.int64)
     cu_seqlens = cu_seqlens_from_lengths(sizes)
-    assert cu_seqlens.dtype == torch.int32
+    assert cu_seqlens.dtype == np.int32
     assert cu_seqlens.tolist() == np.concatenate([[0], np.cumsum(lengths, dtype=int)]).tolist()
     assert positions_from_lengths(sizes).tolist() == [p for n in lengths for p in range(n)]
-    padded = unpack(tokens, sizes, pad_value=-1.0)
-    for row, sequence in zip(padded, sequences):
-        torch.testing.assert_close(row[: sequence.shape[0]], sequence)
-        assert (row[sequence.shape[0] :] == -1.0).all()
-
-
-def test_unpack_ignores_static_shape_padding_and_checks_width():
-    tokens = torch.tensor([5, 6, 7, 0, 0])  # three real tokens, two padding
-    lengths = torch.tensor([2, 1, 0])
-    assert unpack(tokens, lengths, max_length=3).tolist() == [[5, 6, 0], [7, 0, 0], [0, 0, 0]]
-    with pytest.raises(ValueError, match="max_length"):
-        unpack(tokens, lengths, max_length=1)
+    assert positions_from_lengths(sizes, total=sum(lengths) + 2).tolist()[-2:] == [0, 0]
 
 
 partition_lengths = st.lists(st.integers(min_value=0, max_value=100), max_size=40)

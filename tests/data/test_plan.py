@@ -173,6 +173,6 @@ def test_long_samples_are_refused_for_training_and_truncated_for_validation(tmp_
     )
     assert "1 of 10 validation pairs are longer" in caplog.text
     batches = list(plan.valid_batches())
-    assert sum(int(b["num_sentences"]) for b in batches) == 10  # nothing dropped
+    assert sum(b["src_lengths"].shape[0] for b in batches) == 10  # nothing dropped
     assert max(int(b["src_tokens"].shape[1]) for b in batches) == 64
     assert max(int(b["target"].shape[1]) for b in batches) == 48

@@ -120,6 +120,8 @@ def test_every_weight_maps_exactly(tiny, tmp_path, variant) -> None:
         dropout=0.0,
         max_source_positions=40,
         max_target_positions=48,
+        share_all_embeddings=False,  # each variant says what it shares
+        share_decoder_input_output_embed=False,
     )
     cfg = ModelConfig(**{**base, **_config_variants()[variant]})
     torch.manual_seed(0)

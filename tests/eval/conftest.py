@@ -54,6 +54,8 @@ def tiny_model_config(*, vocab_size: int) -> ModelConfig:
         decoder_attention_heads=4,
         dropout=0.0,
         max_target_positions=64,
+        share_all_embeddings=False,
+        share_decoder_input_output_embed=False,
     )
 
 

@@ -104,25 +104,29 @@ def test_not_a_checkpoint_is_a_clear_error(tiny, tmp_path) -> None:
 
 
 def test_last_checkpoints_are_the_newest_numbered(tmp_path) -> None:
+    """Newest by the epoch and update in the names, whatever the file times say (copied or touched
+    files get new ones); an epoch's own checkpoint follows its update checkpoints."""
     names = [
-        "checkpoint1.pt",
         "checkpoint_1_50.pt",
-        "checkpoint2.pt",
+        "checkpoint1.pt",
         "checkpoint_2_120.pt",
+        "checkpoint2.pt",
+        "checkpoint_10_900.pt",
         "checkpoint_best.pt",
         "checkpoint_last.pt",
     ]
     now = time.time()
-    for age, name in enumerate(reversed(names)):
+    for age, name in enumerate(names):  # file times in the opposite order
         (tmp_path / name).write_bytes(b"")
-        os.utime(tmp_path / name, (now - age, now - age))
+        os.utime(tmp_path / name, (now - 100 + age, now - 100 + age))
+    (tmp_path / "checkpoint_1_50.pt").touch()  # the oldest, touched now
     assert [os.path.basename(p) for p in last_checkpoints(str(tmp_path), 3)] == [
-        "checkpoint_2_120.pt",
+        "checkpoint_10_900.pt",
         "checkpoint2.pt",
-        "checkpoint_1_50.pt",
+        "checkpoint_2_120.pt",
     ]
-    with pytest.raises(ValueError, match="needs 5 numbered checkpoints"):
-        last_checkpoints(str(tmp_path), 5)
+    with pytest.raises(ValueError, match="needs 6 numbered checkpoints"):
+        last_checkpoints(str(tmp_path), 6)
 
 
 def test_decoding_batches_respect_limits_and_cover_everything() -> None:

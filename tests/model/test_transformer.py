@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from nmt.config import ModelConfig
-from nmt.model import ARCHS, TransformerModel, build_model, transformer_tiny, unpack
+from nmt.config import ModelConfig, model_config
+from nmt.model import TransformerModel, build_model, unpack
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 50
@@ -31,6 +31,8 @@ def small_config(**overrides: object) -> ModelConfig:
         decoder_attention_heads=4,
         dropout=0.0,
         attention="sdpa",
+        share_all_embeddings=False,
+        share_decoder_input_output_embed=False,
     )
     values.update(overrides)
     return ModelConfig(**values)  # type: ignore[arg-type]
@@ -314,14 +316,16 @@ def _num_params(cfg: ModelConfig) -> int:
     ],
 )
 def test_preset_parameter_counts(name: str, vocab: int, shared: bool, expected: int) -> None:
-    cfg = ARCHS[name](
-        src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, share_all_embeddings=shared
+    cfg = model_config(
+        name, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD, share_all_embeddings=shared
     )
     assert _num_params(cfg) == expected
 
 
 def test_presets_and_overrides() -> None:
-    cfg = transformer_tiny(
+    assert model_config("transformer_tiny") == ModelConfig()  # the defaults are the default preset
+    cfg = model_config(
+        "transformer_tiny",
         src_vocab_size=100,
         tgt_vocab_size=120,
         dropout=0.2,
@@ -336,14 +340,16 @@ def test_presets_and_overrides() -> None:
     ) == (3, 4, 128, 4)
     assert (cfg.decoder_ffn_embed_dim, cfg.dropout, cfg.tgt_vocab_size) == (512, 0.2, 120)
     assert cfg.share_decoder_input_output_embed
-    assert ARCHS["transformer_base_prenorm"]().decoder_normalize_before
-    assert not ARCHS["transformer_base_prenorm"](
-        decoder_normalize_before=False
+    assert model_config("transformer_base_prenorm").decoder_normalize_before
+    assert not model_config(
+        "transformer_base_prenorm", decoder_normalize_before=False
     ).decoder_normalize_before
     with pytest.raises(ValueError, match="--encoder-dim"):
-        transformer_tiny(encoder_dim=3)
+        model_config("transformer_tiny", encoder_dim=3)
     with pytest.raises(ValueError, match="--share-all-embeddings"):
-        transformer_tiny(src_vocab_size=100, tgt_vocab_size=120, share_all_embeddings=True)
+        model_config("transformer_tiny", src_vocab_size=100, tgt_vocab_size=120)
+    with pytest.raises(ValueError, match="--arch: must be one of"):
+        model_config("transformer_huge")
 
 
 def test_shared_embeddings_and_init() -> None:

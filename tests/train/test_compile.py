@@ -46,8 +46,8 @@ def test_compiled_training_has_zero_recompiles_after_warm_up(tiny_data, tmp_path
         "simple",
     )
     try:
-        state = trainer.train()
-        assert state.num_updates == 12
+        num_updates = trainer.train()
+        assert num_updates == 12
         compiled = trainer.compiled
         assert len(compiled.shapes) >= 2  # several lengths were really met
         assert compiled.recompiles_since_warmup() == 0
@@ -70,7 +70,7 @@ def test_compiled_packed_training_has_zero_recompiles_and_the_eager_losses(
     trainer = make_trainer(tiny_data, tmp_path / "ck", "--compile", *args)
     try:
         capsys.readouterr()
-        state = trainer.train()
+        num_updates = trainer.train()
         compiled_losses = [r["loss"] for r in parse_log(capsys.readouterr().out)]
         compiled = trainer.compiled
         assert compiled.packed and [tokens for _, tokens in compiled.shapes] == [64, 128, 192, 256]
@@ -78,7 +78,7 @@ def test_compiled_packed_training_has_zero_recompiles_and_the_eager_losses(
         assert compiled.recompiles_since_warmup() == 0
         # Token-count padding is a tail that belongs to no sample: the same losses as eager.
         eager_losses = [r["loss"] for r in parse_log(eager.stdout)]
-        assert state.num_updates == len(eager_losses) == 8
+        assert num_updates == len(eager_losses) == 8
         np.testing.assert_allclose(compiled_losses, eager_losses, rtol=1e-4)
     finally:
         torch.compiler.set_stance("default")

@@ -274,10 +274,7 @@ def test_fairseq_interval_flags_count_epochs_and_abbreviations_are_refused(tiny_
         for line in result.stdout.splitlines()
         if line.startswith('{"kind": "valid"')
     ]
-    assert valid_epochs == [
-        3,
-        5,
-    ]  # logged after epochs 2 and 4 ended (the record names the next epoch)
+    assert valid_epochs == [2, 4]  # logged after epochs 2 and 4 ended, naming them
 
 
 def test_update_checkpoints_are_named_by_the_1_based_epoch(tiny_data, tmp_path):

@@ -29,13 +29,31 @@ def test_non_finite_updates_are_skipped_counted_then_stop_training(tiny_data, tm
     with torch.no_grad():
         trainer.model.encoder.layers[0].ffn.fc1.weight[0, 0] = float("inf")
     update = update_of(trainer, np.arange(0, 8))
-    stats = trainer.step(update)
-    assert stats.skipped and trainer.step.skipped_updates == 1
+    trainer.step(update)
+    reading = trainer.step.read()
+    assert reading.skipped_updates == 1 and not math.isfinite(reading.grad_norm)
     for name, p in trainer.model.named_parameters():  # no optimizer step happened
         if name != "encoder.layers.0.ffn.fc1.weight":
             assert torch.equal(p, before[name]), name
+    assert all(int(s["step"]) == 0 for s in trainer.step.optimizer.state.values())
+    trainer.step(update)
     with pytest.raises(RuntimeError, match="2 consecutive updates with a non-finite"):
+        trainer.step.read()
+
+
+def test_a_good_update_ends_a_run_of_non_finite_ones(tiny_data, tmp_path):
+    """The limit counts updates in a row: one good update in between starts the count again, even
+    when no read happened in between (the count is kept on the device)."""
+    trainer = make_trainer(tiny_data, tmp_path / "ck", "--max-consecutive-nonfinite", "2")
+    weight = trainer.model.encoder.layers[0].ffn.fc1.weight
+    good = weight.detach()[0, 0].clone()
+    update = update_of(trainer, np.arange(0, 8))
+    for value in (float("nan"), good, float("nan"), good):
+        with torch.no_grad():
+            weight[0, 0] = value
         trainer.step(update)
+    reading = trainer.step.read()
+    assert reading.skipped_updates == 2 and reading.longest_nonfinite_run == 1
 
 
 def test_tensorboard_scalars_are_written(tiny_data, tmp_path):
