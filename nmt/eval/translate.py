@@ -17,6 +17,7 @@ P- and A- lines and ``--score-reference``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -49,7 +50,16 @@ UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a
 def iter_line_chunks(stream: BinaryIO, *, size: int, name: str) -> Iterator[list[str]]:
     """Lines of ``stream`` in chunks of ``size``, split on ``\\n`` only (as ``nmt.data.text`` does)."""
     chunk: list[str] = []
-    for number, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
+    lines = iter(stream)  # binary iteration splits on b"\n" only
+    for number in itertools.count(1):
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except Exception as error:  # a truncated or corrupt .gz/.xz/.zst
+            raise ValueError(
+                f"{name}: cannot read line {number} ({number - 1} lines decoded before it): {error}"
+            ) from None
         line = raw[:-1] if raw.endswith(b"\n") else raw
         line = line[:-1] if line.endswith(b"\r") else line
         try:

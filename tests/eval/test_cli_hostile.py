@@ -3,9 +3,11 @@ stdout; empty input and reference; a --min-len no output can meet (issue 28, cas
 
 from __future__ import annotations
 
+import gzip
 import os
 import stat
 import threading
+import zlib
 
 import pytest
 
@@ -121,3 +123,18 @@ def test_min_len_over_the_length_limit_is_one_line(inputs, tmp_path, capsys) -> 
     short.write_text("the big red dog sits on the mat\ndog\n", encoding="utf-8")
     assert main(["--path", str(checkpoint), "--input", str(short), "--min-len", "14", "--cpu"]) == 1
     _one_error_line(capsys.readouterr().err, f"{short}:2: --min-len 14 is more than the 12 tokens")
+
+
+def test_a_truncated_gz_input_is_reported_at_the_line_it_breaks(inputs, tmp_path, capsys) -> None:
+    checkpoint, _, _ = inputs
+    text = "".join(f"the dog {i} sits on the mat\n" for i in range(3000)).encode()
+    compressed = gzip.compress(text)
+    truncated = tmp_path / "cut.en.gz"
+    truncated.write_bytes(compressed[: len(compressed) // 2])
+    decoded = zlib.decompressobj(wbits=31).decompress(truncated.read_bytes())
+    whole_lines = decoded.count(b"\n")
+    assert main(["--path", str(checkpoint), "--input", str(truncated), "--cpu"]) == 1
+    _one_error_line(
+        capsys.readouterr().err,
+        f"{truncated}: cannot read line {whole_lines + 1} ({whole_lines} lines decoded before it)",
+    )
