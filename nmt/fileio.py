@@ -90,11 +90,10 @@ def write_output(path: str, mode: str = "w", **open_kwargs: Any) -> Iterator[IO[
         return
     if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
         try:
-            handle = open(path, mode, **open_kwargs)
-        except OSError as error:
-            raise describe_os_error(error, path) from None
-        with handle:
-            yield handle
+            with open(path, mode, **open_kwargs) as handle:
+                yield handle
+        except OSError as error:  # /dev/full, a FIFO whose reader went away...
+            raise describe_os_error(error, error.filename or path) from None
         return
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = (
