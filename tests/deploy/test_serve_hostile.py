@@ -28,14 +28,24 @@ LONG = "the big red dog sits on the mat"
 
 @pytest.fixture(scope="module")
 def strict(tiny, tmp_path_factory):
-    """--min-len 14: a one-word sentence may have 12 tokens at most, so it cannot be translated;
-    a long window, so that concurrent requests share batches."""
+    """One server for the module (a start costs seconds): --min-len 14, so that a one-word sentence
+    (12 tokens at most) cannot be translated; a long batching window, so that concurrent requests
+    share decodes; short timeouts and few connections, so that each limit shows in a second or two.
+    The tests that hold connections come last: the others must not meet their 503s."""
     with serve(
         tiny.checkpoint,
         "--min-len",
         "14",
         "--max-wait-ms",
         "300",
+        "--header-timeout",
+        "2",
+        "--keep-alive-timeout",
+        "1",
+        "--body-timeout",
+        "2",
+        "--max-connections",
+        "40",
         log_dir=tmp_path_factory.mktemp("strict"),
     ) as running:
         yield running
@@ -133,24 +143,6 @@ def test_a_failed_decode_is_retried_alone_so_its_batch_mates_succeed() -> None:
     assert num_batches == 2  # the two good ones, each alone after the shared batch failed
 
 
-@pytest.fixture(scope="module")
-def guarded(tiny, tmp_path_factory):
-    """Short timeouts and few connections, so that each limit shows in a second or two."""
-    with serve(
-        tiny.checkpoint,
-        "--header-timeout",
-        "1",
-        "--keep-alive-timeout",
-        "1",
-        "--body-timeout",
-        "1",
-        "--max-connections",
-        "4",
-        log_dir=tmp_path_factory.mktemp("guarded"),
-    ) as running:
-        yield running
-
-
 def _connect(server) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
     client = socket.create_connection((host, int(port)))
@@ -170,9 +162,9 @@ def _read_until_closed(client: socket.socket) -> tuple[float, bytes]:
 HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-def test_idle_and_slow_connections_are_closed(guarded) -> None:
-    silent = _connect(guarded)  # sends nothing
-    dripping = _connect(guarded)  # a byte of its head now and then
+def test_idle_and_slow_connections_are_closed(strict) -> None:
+    silent = _connect(strict)  # sends nothing
+    dripping = _connect(strict)  # a byte of its head now and then
     for byte in HEALTH[:4]:
         dripping.sendall(bytes([byte]))
         time.sleep(0.3)
@@ -180,12 +172,12 @@ def test_idle_and_slow_connections_are_closed(guarded) -> None:
     assert data == b"" and waited < 5
     assert _read_until_closed(dripping)[1] == b""
     # After a response, an idle keep-alive connection goes too.
-    kept = _connect(guarded)
+    kept = _connect(strict)
     kept.sendall(HEALTH)
     waited, data = _read_until_closed(kept)
     assert data.startswith(b"HTTP/1.1 200 OK") and waited < 5
     # A body that stops half-way is answered 408, and the connection closed.
-    half = _connect(guarded)
+    half = _connect(strict)
     half.sendall(
         b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b'Content-Length: 100\r\n\r\n{"q": "a'
@@ -193,25 +185,28 @@ def test_idle_and_slow_connections_are_closed(guarded) -> None:
     waited, data = _read_until_closed(half)
     assert data.startswith(b"HTTP/1.1 408 ") and b"--body-timeout" in data and waited < 5
     # A request head that grows past h11's bound without ending is refused, not buffered.
-    huge = _connect(guarded)
+    huge = _connect(strict)
     huge.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 40_000)
     assert _read_until_closed(huge)[1].startswith(b"HTTP/1.1 400 ")
 
 
-def test_open_connections_are_bounded_and_the_service_recovers(guarded) -> None:
-    idle = [_connect(guarded) for _ in range(6)]  # 4 held, 2 refused (lingering: 4 may)
-    time.sleep(0.3)
-    refused = _connect(guarded)
+def test_open_connections_are_bounded_and_the_service_recovers(strict) -> None:
+    idle = [_connect(strict) for _ in range(44)]  # 40 held (less any still closing), the rest 503
+    time.sleep(0.5)
+    refused = _connect(strict)
     refused.sendall(HEALTH)
     _, data = _read_until_closed(refused)
-    assert data.startswith(b"HTTP/1.1 503 ") and b"--max-connections 4" in data
+    assert data.startswith(b"HTTP/1.1 503 ") and b"--max-connections 40" in data
     answers = [_read_until_closed(client)[1] for client in idle]
-    held = sum(answer == b"" for answer in answers)  # 4, less any connection still closing
-    assert held <= 4 and sum(answer.startswith(b"HTTP/1.1 503 ") for answer in answers) == 6 - held
-    assert get(guarded.url + "/health")[0] == 200
-    assert "Traceback" not in guarded.log()
+    held = sum(answer == b"" for answer in answers)  # closed idle by --header-timeout
+    assert (
+        held <= 40 and sum(answer.startswith(b"HTTP/1.1 503 ") for answer in answers) == 44 - held
+    )
+    assert get(strict.url + "/health")[0] == 200
+    assert "Traceback" not in strict.log()
 
 
+@pytest.mark.slow
 def test_sigterm_with_a_half_sent_body_exits_within_the_grace_period(tiny, tmp_path) -> None:
     with serve(
         tiny.checkpoint, "--shutdown-timeout", "1", "--body-timeout", "600", log_dir=tmp_path
