@@ -137,9 +137,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def _head_overdue(self) -> None:
         self._head_deadline = None
-        if (
-            self.cycle is None or self.cycle.response_complete
-        ):  # no request under way: its head is late
+        # No request under way (none yet, or the last one answered): the next one's head is late.
+        if self.cycle is None or self.cycle.response_complete:
             self.linger()
 
     def linger(self) -> None:
