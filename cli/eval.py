@@ -15,6 +15,7 @@ import numpy as np
 
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.text import count_lines, open_binary
+from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.output import FairseqLines, base2, plain_lines
 from nmt.eval.translate import (
     Translation,
@@ -23,7 +24,7 @@ from nmt.eval.translate import (
     load_split,
     read_references,
 )
-from nmt.fileio import atomic_write
+from nmt.fileio import check_apart, write_output
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
 DEFAULT_BUFFER_SIZE = 4096
@@ -81,13 +82,31 @@ def checkpoint_paths(io: EvalIOConfig) -> list[str]:
     return paths
 
 
-def load_translator(io: EvalIOConfig, cfg: EvalConfig) -> Translator:
-    """The one place nmt-eval turns --path into a Translator (an ensemble, or averaged weights)."""
+def load_translator(io: EvalIOConfig, cfg: EvalConfig, paths: list[str]) -> Translator:
+    """The one place nmt-eval turns the checkpoints of --path (``checkpoint_paths``) into a
+    Translator (an ensemble, or averaged weights)."""
     dtype = "float16" if io.fp16 else "bfloat16" if io.bf16 else None
     average = io.average or io.average_last is not None
     return Translator.from_checkpoint(
-        checkpoint_paths(io), device=io.device, config=cfg, average=average, dtype=dtype
+        paths, device=io.device, config=cfg, average=average, dtype=dtype
     )
+
+
+def check_output_apart(io: EvalIOConfig, paths: list[str]) -> None:
+    """Refuse (one line) an output that would replace what nmt-eval reads: --input, --reference,
+    a checkpoint, or a file inside an export or DATA_DIR."""
+    if io.output_path is None:
+        return
+    option = "--results-path" if io.results_path is not None else "--output"
+    inputs = [("--path", path) for path in paths]
+    for name, path in (
+        ("--input", io.input),
+        ("--reference", io.reference),
+        ("DATA_DIR", io.data_dir),
+    ):
+        if path not in (None, "-"):
+            inputs.append((name, path))
+    check_apart([(option, io.output_path)], inputs)
 
 
 @dataclass
@@ -156,13 +175,12 @@ def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
 
 @contextlib.contextmanager
 def _open_output(path: str | None) -> Iterator[TextIO]:
-    """stdout, or ``path`` written atomically (never half a file)."""
+    """stdout, or ``path``: a file written atomically (never half a file), or streamed to a FIFO,
+    a terminal or stdout (``write_output``)."""
     if path is None:
         yield sys.stdout
         return
-    if os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with atomic_write(path, "w", encoding="utf-8", newline="\n") as handle:
+    with write_output(path, "w", encoding="utf-8", newline="\n") as handle:
         yield handle
 
 
@@ -191,7 +209,9 @@ def _decode(
 
 
 def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
-    translator = load_translator(io, cfg)
+    paths = checkpoint_paths(io)
+    check_output_apart(io, paths)  # before the model loads: a refusal costs nothing
+    translator = load_translator(io, cfg, paths)
     if io.format == "fairseq" or io.score_reference:
         translator.require_forced_decoding()  # before any decoding, not after the whole input
     job = _open_job(io, cfg, translator)
@@ -215,7 +235,12 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
                 if job.references is None
                 else job.references[chunk.start : chunk.start + len(chunk.sources)]
             )
-            results = _decode(translator, io, chunk, references, progress=not job.interactive)
+            try:
+                results = _decode(translator, io, chunk, references, progress=not job.interactive)
+            except LengthLimitError as error:
+                raise ValueError(
+                    f"{job.name}:{chunk.start + error.index + 1}: {error.reason}"
+                ) from None
             for offset, nbest in enumerate(results):
                 if not io.quiet:
                     if fairseq_lines is not None:
@@ -241,6 +266,11 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
         if job.references is not None and num_sentences != len(job.references):
             raise ValueError(
                 f"{job.reference_name}: the reference has {len(job.references)} lines but the input has {num_sentences}"
+            )
+        if job.references is not None and num_sentences == 0:
+            raise ValueError(
+                f"{job.reference_name}: no lines, and {job.name} none: nothing to score "
+                "(BLEU, chrF and perplexity are undefined on no sentences)"
             )
         verb = "scored" if io.score_reference else "translated"
         print(

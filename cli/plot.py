@@ -36,9 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
     def run() -> int:
+        from nmt.fileio import check_apart
         from nmt.plot import plot_curves, read_curves
 
         cfg = config_from_args(PlotConfig, args)
+        check_apart([("--output", cfg.output)], [("LOG", cfg.log)])
         curves = read_curves(cfg.log)
         plot_curves(curves, cfg.output, title=cfg.title or cfg.log)
         summary = ", ".join(

@@ -17,6 +17,7 @@ from nmt.eval.translate import Translator
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
 logger = logging.getLogger("nmt.serve")
+MAX_HEAD_BYTES = 16 * 1024  # a request line and headers over this are answered 400 (h11's default)
 
 
 def build_parser() -> ArgumentParser:
@@ -25,7 +26,8 @@ def build_parser() -> ArgumentParser:
         description=(
             'Serve translations over HTTP: POST /translate {"q": str | [str], "source", "target"} -> '
             '{"translatedText": ...} (LibreTranslate\'s shape), GET /health, a web page at /. Concurrent requests '
-            "are batched into one decode. SIGTERM (or Ctrl+C) answers the requests in flight, then exits 0. "
+            "are batched into one decode. SIGTERM (or Ctrl+C) answers the requests in flight, then exits 0 "
+            "(within --shutdown-timeout). "
             "Needs pip install 'nmt[serve]' (and 'nmt[ct2]' for an exported directory)."
         ),
     )
@@ -80,6 +82,8 @@ def load_translator(args: argparse.Namespace, cfg: EvalConfig) -> Translator:
 
 
 def listen(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port: must be in [0, 65535] (0: any free port), got {port}")
     try:
         return socket.create_server(
             (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -97,14 +101,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("nmt-serve needs the serve extra: pip install 'nmt[serve]'") from None
     serve_cfg = config_from_args(ServeConfig, args)
     cfg = config_from_args(EvalConfig, args)
+    if args.threads < 0:
+        raise ValueError(f"--threads: must be >= 0 (0: one per core), got {args.threads}")
+    from nmt.deploy.connections import GuardedH11Protocol
+
     # Listen first: a taken port is reported at once, and early clients wait in the backlog.
     with listen(args.host, args.port) as sock:
         source_lang, target_lang = language_pair(args.path)
         translator = load_translator(args, cfg)
         started = time.perf_counter()
-        translator.translate(
-            ["warm up"]
-        )  # first-call allocations happen here, not in a user's request
+        # First-call allocations happen here, not in a user's request; under any --min-len (an
+        # impossible one failed when the translator was made, a long one may not fit "warm up").
+        translator.translate(["warm up"], min_len=0)
         logger.info(
             "model loaded from %s (%s -> %s), warm-up decode %.0f ms",
             args.path,
@@ -117,7 +125,23 @@ def _serve(args: argparse.Namespace) -> int:
             translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend
         )
         server = uvicorn.Server(
-            uvicorn.Config(app, log_level="info", access_log=args.access_log, lifespan="on")
+            uvicorn.Config(
+                app,
+                log_level="info",
+                access_log=args.access_log,
+                lifespan="on",
+                http=GuardedH11Protocol.configure(
+                    header_timeout=serve_cfg.header_timeout,
+                    max_connections=serve_cfg.max_connections,
+                ),
+                ws="none",
+                timeout_keep_alive=serve_cfg.keep_alive_timeout,  # type: ignore[arg-type]
+                # uvicorn counts the asking connection itself: N + 1 serves N connections, and
+                # then bounds the handlers in flight, which outlive a client that hung up.
+                limit_concurrency=serve_cfg.max_connections + 1,
+                timeout_graceful_shutdown=serve_cfg.shutdown_timeout,  # type: ignore[arg-type]
+                h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            )
         )
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handlers
         # that were there before it: ours, so that a requested stop ends with exit status 0.

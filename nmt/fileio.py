@@ -6,6 +6,11 @@ then the directory fsynced so the rename itself survives a power cut. A kill or 
 moment leaves either the old file or the new one, never a torn one, and no temporary behind
 (except after kill -9, which ``remove_stale_temporaries`` sweeps up at the next start, under the
 directory's lock).
+
+What a user names as an output never destroys what the command reads: ``check_apart`` compares
+outputs with inputs by inode; ``write_output`` streams to a FIFO, a terminal or stdout instead of
+replacing it; ``Destination``/``install_directory`` replace a directory only when the same command
+made it (``MADE_BY``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import errno
 import fcntl
 import os
 import re
-from collections.abc import Iterator
+import stat
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 TEMPORARY_MARK = ".tmp-"  # f".{name}.tmp-{pid}": hidden, and names the process that wrote it
@@ -57,6 +65,56 @@ def atomic_write(
             raise describe_os_error(error, path) from None
         raise
     fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+@contextlib.contextmanager
+def write_output(path: str, mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
+    """``with write_output(path) as handle: ...`` for a file a user names as a command's output.
+
+    A regular file, or a symbolic link to one, is written atomically (``atomic_write``) at its real
+    path, so that a link stays a link. This process's own stdout (``/dev/stdout``, whatever it is),
+    a FIFO or a character device (a terminal, ``/dev/null``) is streamed to, never replaced by a
+    regular file; anything else that exists there (a directory, a block device, a socket) is
+    refused in one line.
+    """
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as error:
+        raise describe_os_error(error, path) from None
+    if st is not None and _is_stdout(st):
+        stream = sys.stdout.buffer if "b" in mode else sys.stdout
+        yield stream
+        stream.flush()
+        return
+    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        try:
+            with open(path, mode, **open_kwargs) as handle:
+                yield handle
+        except OSError as error:  # /dev/full, a FIFO whose reader went away...
+            raise describe_os_error(error, error.filename or path) from None
+        return
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = (
+            "a directory" if stat.S_ISDIR(st.st_mode) else "neither a file, a FIFO nor a terminal"
+        )
+        raise ValueError(f"{path}: {kind}; name a file to write")
+    real = os.path.realpath(path)
+    try:
+        os.makedirs(os.path.dirname(real), exist_ok=True)
+    except OSError as error:
+        raise describe_os_error(error, path) from None
+    with atomic_write(real, mode, **open_kwargs) as handle:
+        yield handle
+
+
+def _is_stdout(st: os.stat_result) -> bool:
+    try:
+        stdout = os.fstat(1)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (stdout.st_dev, stdout.st_ino)
 
 
 class DescribedOSError(OSError):
@@ -120,29 +178,113 @@ def remove_stale_temporaries(directory: str) -> list[str]:
     return removed
 
 
-def check_destination(destination: str, *, replace: bool, option: str, replace_flag: str) -> None:
-    """ValueError unless ``destination`` is absent, empty, or may be replaced (``replace``)."""
-    if os.path.exists(destination) and not os.path.isdir(destination):
-        raise ValueError(f"{destination}: exists and is not a directory ({option})")
-    if os.path.isdir(destination) and os.listdir(destination) and not replace:
+def _identities(path: str) -> tuple[tuple[int, int] | None, set[tuple[int, int]]]:
+    """(device, inode) of ``path`` (None when it does not exist), and those of every existing
+    directory above it, the path's symbolic links resolved: the same file under any spelling."""
+    try:
+        st = os.stat(path)
+        own: tuple[int, int] | None = (st.st_dev, st.st_ino)
+    except OSError:
+        own = None
+    above = set()
+    current = os.path.realpath(path)
+    while (parent := os.path.dirname(current)) != current:
+        current = parent
+        with contextlib.suppress(OSError):
+            st = os.stat(current)
+            above.add((st.st_dev, st.st_ino))
+    return own, above
+
+
+def check_apart(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]]) -> None:
+    """ValueError (one line) when an output is, holds, or lies inside one of the command's inputs,
+    which writing it would destroy. Both are ``(option, path)``; files are compared by inode, so
+    a symbolic link, a hard link or ``./a/../a`` are the file they name. Missing inputs are left
+    to the command's own error."""
+    for out_option, out_path in outputs:
+        out_own, out_above = _identities(out_path)
+        for in_option, in_path in inputs:
+            in_own, in_above = _identities(in_path)
+            if in_own is None:
+                continue
+            if out_own == in_own:
+                relation = "is"
+            elif out_own is not None and out_own in in_above:
+                relation = "holds"
+            elif in_own in out_above:
+                relation = "lies inside"
+            else:
+                continue
+            raise ValueError(
+                f"{out_option} {out_path}: {relation} {in_option} {in_path}, an input of this "
+                f"command that writing it would destroy; choose another {out_option}"
+            )
+
+
+MADE_BY = ".nmt-made-by"  # the marker of a directory a command installed: its name, one line
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A directory a command builds aside and installs whole (``nmt-preprocess --destdir``,
+    ``nmt-export --output-dir``). ``replace`` (the command's ``replace_flag``) lets it replace
+    only a directory the same command made before (``MADE_BY`` names it), never another one;
+    and never one that is, holds or lies inside an input."""
+
+    path: str
+    option: str  # "--output-dir"
+    replace_flag: str  # "--force"
+    made_by: str  # "nmt-export": written into the marker, and required of a directory to replace
+    replace: bool = False
+    inputs: Sequence[tuple[str, str]] = ()  # (option, path) of what the command reads
+
+
+def made_by(directory: str) -> str | None:
+    """The command that installed ``directory`` (its ``MADE_BY`` marker), or None."""
+    try:
+        with open(os.path.join(directory, MADE_BY), encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def mark_directory(directory: str, command: str) -> None:
+    """Record that ``command`` made ``directory``: its ``replace_flag`` may replace it later."""
+    with atomic_write(os.path.join(directory, MADE_BY), "w", encoding="utf-8") as handle:
+        handle.write(command + "\n")
+
+
+def check_destination(destination: Destination) -> None:
+    """ValueError (one line) unless the destination is absent or empty, or may be replaced: the
+    replace flag was given and the command made it; and never when it overlaps an input."""
+    path, option, flag = destination.path, destination.option, destination.replace_flag
+    check_apart([(option, path)], destination.inputs)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path}: exists and is not a directory ({option})")
+    if not os.path.isdir(path) or not os.listdir(path):
+        return
+    if not destination.replace:
+        raise ValueError(f"{path}: exists and is not empty; pass {flag} to replace it ({option})")
+    if made_by(path) != destination.made_by:
         raise ValueError(
-            f"{destination}: exists and is not empty; pass {replace_flag} to replace it ({option})"
+            f"{path}: not a directory {destination.made_by} made (no {MADE_BY} naming it), so "
+            f"{flag} does not replace it; remove it yourself or choose another {option}"
         )
 
 
-def install_directory(
-    workdir: str, destination: str, *, replace: bool, option: str, replace_flag: str
-) -> None:
-    """Move a finished directory into place; an old one (``replace``) goes only after that. The
-    destination is checked again here: a lock keeps other nmt runs out, not other programs."""
+def install_directory(workdir: str, destination: Destination) -> None:
+    """Mark a finished directory as the command's and move it into place; an old one (``replace``)
+    goes only after that. The destination is checked again here: a lock keeps other nmt runs out,
+    not other programs."""
     import shutil
 
-    check_destination(destination, replace=replace, option=option, replace_flag=replace_flag)
+    mark_directory(workdir, destination.made_by)
+    check_destination(destination)
     previous = None
-    if os.path.isdir(destination):
+    if os.path.isdir(destination.path):
         previous = workdir + ".old"
-        os.rename(destination, previous)
-    os.rename(workdir, destination)
+        os.rename(destination.path, previous)
+    os.rename(workdir, destination.path)
     if previous:
         shutil.rmtree(previous, ignore_errors=True)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nmt.fileio import atomic_write
+from nmt.fileio import write_output
 
 logger = logging.getLogger(__name__)
 
@@ -173,5 +173,5 @@ def plot_curves(curves: dict[str, Series], output: str, *, title: str) -> None:
                 ax.legend()
     figure.suptitle(title)
     suffix = os.path.splitext(output)[1].lstrip(".").lower() or "png"
-    with atomic_write(output) as handle:
+    with write_output(output, "wb") as handle:
         figure.savefig(handle, format=suffix, dpi=100)

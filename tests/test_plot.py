@@ -210,3 +210,19 @@ def test_tensorboard_logdir_without_tensorboard_is_a_one_line_error(tiny_data, t
         "nmt-train: error: --tensorboard-logdir: the tensorboard package is not installed (pip install 'nmt[tensorboard]')"
     )
     assert not (tmp_path / "tb").exists()
+
+
+def test_output_over_the_log_is_refused(tmp_path, capsys) -> None:
+    """Issue 28: no command destroys its own input; nmt-plot LOG -o LOG used to replace the log."""
+    log = tmp_path / "train.log"
+    log.write_text('{"kind": "train", "update": 1, "loss": 2.0, "lr": 0.1}\n', encoding="utf-8")
+    before = log.read_bytes()
+    (tmp_path / "link.log").symlink_to(log)
+    for output in (log, tmp_path / "link.log"):
+        assert main([str(log), "-o", str(output)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"nmt-plot: error: --output {output}: is LOG {log}, an input of this command that "
+            "writing it would destroy; choose another --output"
+        ]
+    assert log.read_bytes() == before and (tmp_path / "link.log").is_symlink()

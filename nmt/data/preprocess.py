@@ -59,11 +59,14 @@ from nmt.data.text import (
     resolve_text_file,
 )
 from nmt.fileio import (
+    Destination,
+    check_apart,
     check_destination,
     describe_os_error,
     exclusive_lock,
     install_directory,
     lock_path_beside,
+    mark_directory,
     open_for_writing,
     write_all,
 )
@@ -442,14 +445,24 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
             num_threads=1,
             label=f"a sample of {num_sentences} training sentences ({label})",
         )
+        vocab_size = SentencePieceModel(proto).vocab_size
         logger.info(
             "trained SentencePiece %s (%s, vocab %d) on %d sampled sentences in %.1fs",
             label,
             cfg.spm_model_type,
-            SentencePieceModel(proto).vocab_size,
+            vocab_size,
             num_sentences,
             time.perf_counter() - started,
         )
+        if vocab_size < cfg.spm_vocab_size:
+            logger.warning(
+                "--spm-vocab-size %d: the training text (%s) yields only %d pieces, so the "
+                "vocabulary has %d",
+                cfg.spm_vocab_size,
+                label,
+                vocab_size,
+                vocab_size,
+            )
         protos.append(proto)
     return protos
 
@@ -681,8 +694,25 @@ def shard_of(cfg: PreprocessConfig) -> Shard:
     return Shard(index=cfg.shard_id, count=cfg.num_shards)
 
 
-def _check_destdir(destdir: str, *, overwrite: bool) -> None:
-    check_destination(destdir, replace=overwrite, option="--destdir", replace_flag="--overwrite")
+def input_files(cfg: PreprocessConfig) -> list[tuple[str, str]]:
+    """(option, path) of every file the run reads: the raw text of each split, --spm-model."""
+    inputs = [
+        (f"--{plan.role}pref", path)
+        for plan in make_plans(cfg)
+        for path in (plan.src_path, plan.tgt_path)
+    ]
+    return inputs + ([("--spm-model", cfg.spm_model)] if cfg.spm_model else [])
+
+
+def destination(cfg: PreprocessConfig, destdir: str) -> Destination:
+    return Destination(
+        destdir,
+        option="--destdir",
+        replace_flag="--overwrite",
+        made_by="nmt-preprocess",
+        replace=cfg.overwrite,
+        inputs=input_files(cfg),
+    )
 
 
 def _make_workdir(destdir: str) -> str:
@@ -734,8 +764,9 @@ def build_dataset(
     cfg: PreprocessConfig, destdir: str, *, shard: Shard, pool: EncodePool
 ) -> tuple[Manifest, list[SplitStats]]:
     """One complete dataset (or one shard's part) at ``destdir``; the caller holds its lock."""
-    _check_destdir(destdir, overwrite=cfg.overwrite)
     plans = make_plans(cfg, roles=("train", "valid", "test") if shard.index == 0 else ("train",))
+    target = destination(cfg, destdir)
+    check_destination(target)
     line_ranges = {
         plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None)
         for plan in plans
@@ -829,9 +860,7 @@ def build_dataset(
         )
         # The manifest goes last: a directory with a manifest is a complete one.
         manifest.write(workdir)
-        install_directory(
-            workdir, destdir, replace=cfg.overwrite, option="--destdir", replace_flag="--overwrite"
-        )
+        install_directory(workdir, target)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -864,8 +893,13 @@ def _preprocess_shard(
     if shard.torchrun:
         dist.init_distributed("cpu", timeout_minutes=VOCABULARY_WAIT_MINUTES)
     try:
+        check_apart([("--destdir", destdir)], input_files(cfg))
         try:
+            # Marked as ours only when new (or empty): --overwrite may then replace it whole later.
+            new = not os.path.isdir(destdir) or not os.listdir(destdir)
             os.makedirs(destdir, exist_ok=True)
+            if new:
+                mark_directory(destdir, "nmt-preprocess")
         except OSError as error:
             raise describe_os_error(error, destdir) from None
         what = f"--destdir {destdir}"

@@ -84,13 +84,12 @@ class LineReader:
     def _read_block(self) -> bytes:
         try:
             return self._handle.read(self.block_bytes)
-        except (OSError, EOFError, lzma.LZMAError) as error:
+        # zstandard.ZstdError and friends too: a truncated or corrupt compressed stream
+        except Exception as error:
+            decoded = complete_lines_before_error(self.path)
             raise DataError(
-                f"{self.path}: cannot read (line {self.line_number + 1}): {error}"
-            ) from None
-        except Exception as error:  # zstandard.ZstdError and friends: a corrupt compressed stream
-            raise DataError(
-                f"{self.path}: cannot read (line {self.line_number + 1}): {error}"
+                f"{self.path}: cannot read line {decoded + 1} ({decoded} lines decoded before "
+                f"it): {error}"
             ) from None
 
     def _fill(self) -> bool:
@@ -168,6 +167,21 @@ class LineReader:
             rest += 1
         self._partial = b""
         return rest
+
+
+def complete_lines_before_error(path: str) -> int:
+    """The whole lines of ``path`` that decode before its read error: a block read loses what it
+    had decoded when the stream breaks, so the file is read again in the decompressor's own steps
+    (``read1``), as far as it goes. Only called once a read has failed."""
+    count = 0
+    try:
+        with open_binary(path) as handle:
+            read = getattr(handle, "read1", handle.read)
+            while block := read(1 << 16):
+                count += block.count(b"\n")
+    except Exception:  # the error being reported
+        pass
+    return count
 
 
 def count_lines(path: str) -> int:

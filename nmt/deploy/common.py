@@ -13,7 +13,7 @@ from typing import Any
 from nmt.checkpoint_io import atomic_torch_save, load_averaged_checkpoint, tensor_to_bytes
 from nmt.config import ModelConfig, from_dict, option_name
 from nmt.data.spm import SPECIAL_IDS, SentencePieceModel
-from nmt.fileio import check_destination, install_directory
+from nmt.fileio import Destination, check_destination, install_directory
 from nmt.model import TransformerModel, build_model
 
 
@@ -72,22 +72,30 @@ def load_for_export(checkpoints: Sequence[str], *, target: str) -> ExportInput:
 
 
 @contextlib.contextmanager
-def built_aside(output_dir: str, *, force: bool) -> Iterator[str]:
+def built_aside(
+    output_dir: str, *, force: bool, made_by: str, inputs: Sequence[tuple[str, str]]
+) -> Iterator[str]:
     """Yields a temporary directory beside ``output_dir``; when the block ends normally it replaces
-    ``output_dir`` (an existing non-empty one only with ``force``, checked first and again at the
-    rename); on any error it is removed and ``output_dir`` is left as it was."""
-    output_dir = os.path.abspath(output_dir)
-    check_destination(output_dir, replace=force, option="--output-dir", replace_flag="--force")
-    parent = os.path.dirname(output_dir)
+    ``output_dir`` (an existing non-empty one only with ``force`` and only if ``made_by`` made it;
+    never one that is or holds one of ``inputs``: checked first and again at the rename); on any
+    error it is removed and ``output_dir`` is left as it was."""
+    destination = Destination(
+        os.path.abspath(output_dir),
+        option="--output-dir",
+        replace_flag="--force",
+        made_by=made_by,
+        replace=force,
+        inputs=inputs,
+    )
+    check_destination(destination)
+    parent = os.path.dirname(destination.path)
     os.makedirs(parent, exist_ok=True)
-    workdir = os.path.join(parent, f".{os.path.basename(output_dir)}.tmp-{os.getpid()}")
+    workdir = os.path.join(parent, f".{os.path.basename(destination.path)}.tmp-{os.getpid()}")
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     try:
         yield workdir
-        install_directory(
-            workdir, output_dir, replace=force, option="--output-dir", replace_flag="--force"
-        )
+        install_directory(workdir, destination)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -134,10 +142,11 @@ def write_import(
     protos: tuple[bytes, bytes],
     *,
     force: bool,
+    inputs: Sequence[tuple[str, str]],
 ) -> None:
     """An import's directory: ``checkpoint.pt`` and the SentencePiece model(s) (one when both sides
     are the same) for ``nmt-preprocess --spm-model``, built aside and renamed into place."""
-    with built_aside(output_dir, force=force) as workdir:
+    with built_aside(output_dir, force=force, made_by="nmt-import", inputs=inputs) as workdir:
         for file_name, proto in zip(spm_files, protos):
             with open(os.path.join(workdir, file_name), "wb") as handle:
                 handle.write(proto)

@@ -218,7 +218,12 @@ def export_ctranslate2(
         def _load(self) -> Any:
             return build_spec(model, src_spm=src_spm, tgt_spm=tgt_spm, name=name)
 
-    with built_aside(output_dir, force=force) as workdir:
+    with built_aside(
+        output_dir,
+        force=force,
+        made_by="nmt-export",
+        inputs=[("CKPT", path) for path in checkpoints],
+    ) as workdir:
         try:
             NmtConverter().convert(workdir, quantization=quantization, force=True)
         except (RuntimeError, NotImplementedError, TypeError) as error:

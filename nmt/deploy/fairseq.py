@@ -311,7 +311,14 @@ def import_fairseq(
         },
     }
     write_import(
-        output_dir, checkpoint, spm_files, (converted[0].proto, converted[1].proto), force=force
+        output_dir,
+        checkpoint,
+        spm_files,
+        (converted[0].proto, converted[1].proto),
+        force=force,
+        inputs=[("SOURCE", checkpoint_path)]
+        + [("--dict", path) for path in dictionaries]
+        + [("--spm-model", path) for path in spm_models],
     )
     logger.info("imported %s into %s", checkpoint_path, output_dir)
     return {"spm_files": spm_files, "model_config": cfg}

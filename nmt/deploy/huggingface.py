@@ -494,7 +494,12 @@ def export_huggingface(
         max_length=min(512, model.cfg.max_target_positions),
     )
     vocab = loaded.state["vocab"]
-    with built_aside(output_dir, force=force) as workdir:
+    with built_aside(
+        output_dir,
+        force=force,
+        made_by="nmt-export",
+        inputs=[("CKPT", path) for path in checkpoints],
+    ) as workdir:
         hf_model.save_pretrained(workdir)
         if not native_positions:
             weights_path = os.path.join(workdir, "model.safetensors")
@@ -783,7 +788,14 @@ def import_marian(
             "max_logit_difference": difference,
         },
     }
-    write_import(output_dir, checkpoint, spm_files, (src_vocab.proto, tgt_vocab.proto), force=force)
+    write_import(
+        output_dir,
+        checkpoint,
+        spm_files,
+        (src_vocab.proto, tgt_vocab.proto),
+        force=force,
+        inputs=[("SOURCE", directory)],
+    )
     logger.info(
         "imported %s into %s (logits within %.2g of transformers'; positions %s)",
         directory,

@@ -9,12 +9,16 @@ everywhere in nmt). Concurrent requests meet in one queue; a single task takes f
 whole requests (up to a source-token budget, waiting at most a few milliseconds after the oldest
 arrived, and not at all while a decode is running: requests pile up meanwhile) and hands it to one
 decode on a worker thread, so the event loop keeps accepting and answering while the model runs.
-Bad requests get a 4xx with ``{"error": "..."}``; a failed decode fails only its own requests (500).
+Bad requests get a 4xx with ``{"error": "..."}``, a sentence that cannot be translated as asked
+(longer than the model reads, or --min-len over its length limit) included, before it joins a
+batch; a decode that fails anyway is retried request by request, so that it fails only its own
+(500). Connections are bounded in time and number by ``nmt.deploy.connections``.
 
 Starlette rather than FastAPI: the API is four routes with hand-written validation (exact LibreTranslate
 shapes and one-line errors), so FastAPI's pydantic layer would add a dependency and nothing we use;
 Starlette is the ASGI toolkit FastAPI itself is built on. uvicorn serves it (graceful shutdown: on
-SIGTERM it stops accepting, lets in-flight requests finish, then runs our lifespan shutdown).
+SIGTERM it stops accepting, lets in-flight requests finish within --shutdown-timeout, then runs our
+lifespan shutdown).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 
 from nmt.config import opt, option_name
 from nmt.data.spm import EOS_ID
+from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.translate import Translator
 
 logger = logging.getLogger(__name__)
@@ -55,22 +60,51 @@ class ServeConfig:
     max_wait_ms: float = opt(
         5.0, "how long the oldest queued request waits for others to share its decode"
     )
+    max_connections: int = opt(
+        256, "open connections at most; a further one is answered 503 and closed"
+    )
+    header_timeout: float = opt(
+        10.0,
+        "seconds a connection has to send a whole request head, from its opening or its last "
+        "response; then it is closed",
+    )
+    body_timeout: float = opt(
+        30.0, "seconds a request has to send its whole body once its head is in (else 408)"
+    )
+    keep_alive_timeout: float = opt(
+        5.0, "an idle connection is closed this many seconds after its last response"
+    )
+    shutdown_timeout: float = opt(
+        20.0,
+        "on SIGTERM, seconds the requests in flight have to finish before they are cancelled "
+        "and the server exits",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_request_sentences", "max_batch_tokens"):
+        for name in (
+            "max_body_bytes",
+            "max_request_sentences",
+            "max_batch_tokens",
+            "max_connections",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{option_name(name)}: must be >= 1, got {getattr(self, name)}")
         if self.max_wait_ms < 0:
             raise ValueError(f"--max-wait-ms: must be >= 0, got {self.max_wait_ms}")
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "shutdown_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{option_name(name)}: must be > 0, got {getattr(self, name)}")
 
 
 class RequestError(Exception):
-    """A client's mistake: answered with ``status`` and ``{"error": message}``."""
+    """A client's mistake: answered with ``status`` and ``{"error": message}``; ``close``: the
+    request was not read to its end, so the connection cannot carry another one."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.close = close
 
 
 @dataclass
@@ -115,12 +149,17 @@ class DynamicBatcher:
         self._executor.shutdown(wait=True)
 
     async def translate(self, sentences: list[str]) -> list[str]:
-        """Translations of ``sentences`` (in order), decoded together with whatever else is queued."""
+        """Translations of ``sentences`` (in order), decoded together with whatever else is queued.
+
+        A sentence that cannot be translated as asked (longer than the model reads, or under a
+        length limit shorter than --min-len) raises ``LengthLimitError`` before it joins a batch.
+        """
         loop = asyncio.get_running_loop()
         sources = [
             np.array(ids + [EOS_ID], dtype=np.int64)
             for ids in self.translator.src_spm.encode(sentences)
         ]
+        self.translator.check_sources(sources, self.translator.config, truncate=False)
         job = _Job(
             sources, sum(len(source) for source in sources), loop.time(), loop.create_future()
         )
@@ -167,11 +206,20 @@ class DynamicBatcher:
             texts, num_target_tokens = await loop.run_in_executor(
                 self._executor, self._translate, sources
             )
-        except Exception as error:  # a failed decode fails its requests, not the service
-            logger.exception("decode of %d sentences failed", len(sources))
-            for job in batch:
-                if not job.future.done():
-                    job.future.set_exception(error)
+        except Exception as error:  # a failed decode fails its own request, not the service
+            if len(batch) > 1:  # nor the requests that shared its batch: each goes again alone
+                logger.warning(
+                    "decode of %d requests failed (%s: %s); decoding each alone",
+                    len(batch),
+                    type(error).__name__,
+                    error,
+                )
+                for job in batch:
+                    await self._decode([job])
+                return
+            logger.exception("decode of a request (%d sentences) failed", len(sources))
+            if not batch[0].future.done():
+                batch[0].future.set_exception(error)
             return
         self.num_batches += 1
         offset = 0
@@ -204,7 +252,9 @@ def parse_request(
     """A LibreTranslate body -> per text its lines, and whether ``q`` was a list; RequestError otherwise."""
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:
+        raise RequestError(400, "invalid JSON: nested too deeply") from None
+    except ValueError as error:  # not JSON, not UTF-8, an integer of over 4,300 digits...
         raise RequestError(400, f"invalid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise RequestError(
@@ -217,6 +267,15 @@ def parse_request(
     texts = q if is_list else [q]
     if not all(isinstance(text, str) for text in texts):
         raise RequestError(400, "q: must be a string or a list of strings")
+    for number, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # JSON's "\\ud800" escape: a lone surrogate
+            raise RequestError(
+                400,
+                f"{_where(number, None, is_list)}: character {error.start + 1} is a lone surrogate "
+                f"(U+{ord(text[error.start]):04X}), which is not text",
+            ) from None
     for key, expected, allowed in (
         ("source", source_lang, {source_lang, "auto"}),
         ("target", target_lang, {target_lang}),
@@ -239,20 +298,49 @@ def parse_request(
     return lines, is_list
 
 
-async def read_body(request: Any, *, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it is known to exceed ``limit`` bytes."""
+def _where(text: int, line: int | None, is_list: bool) -> str:
+    """A place in ``q`` as a client can find it: "q", "q[2]", "q line 3", "q[2] line 3" (1-based lines)."""
+    place = f"q[{text}]" if is_list else "q"
+    return place if line is None else f"{place} line {line + 1}"
+
+
+def locate(lines: list[list[str]], index: int, *, is_list: bool) -> str:
+    """Where sentence ``index`` of the flattened ``lines`` is in the request (``_where``)."""
+    for text, text_lines in enumerate(lines):
+        if index < len(text_lines):
+            return _where(text, index if len(text_lines) > 1 else None, is_list)
+        index -= len(text_lines)
+    raise IndexError(index)
+
+
+async def read_body(request: Any, *, limit: int, timeout: float) -> bytes:
+    """The request body, refused (413) as soon as it is known to exceed ``limit`` bytes, and (408)
+    when it has not all come within ``timeout`` seconds."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(
-            413, f"request body of {int(declared)} bytes is over the limit of {limit}"
+            413, f"request body of {int(declared)} bytes is over the limit of {limit}", close=True
         )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(
+                    413, f"request body is over the limit of {limit} bytes", close=True
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(
+            408,
+            f"the request body did not all come within {timeout:g} s (--body-timeout)",
+            close=True,
+        ) from None
 
 
 def web_page(*, source_lang: str, target_lang: str) -> str:
@@ -292,7 +380,17 @@ def create_app(
 
     async def translate(request: Request) -> Response:
         try:
-            body = await read_body(request, limit=cfg.max_body_bytes)
+            return await answer(request)
+        except asyncio.CancelledError:  # SIGTERM, and --shutdown-timeout is over: a last word
+            return JSONResponse(
+                {"error": "the server is shutting down (--shutdown-timeout); try again"},
+                status_code=503,
+                headers={"connection": "close"},
+            )
+
+    async def answer(request: Request) -> Response:
+        try:
+            body = await read_body(request, limit=cfg.max_body_bytes, timeout=cfg.body_timeout)
             lines, is_list = parse_request(
                 body,
                 source_lang=source_lang,
@@ -300,12 +398,20 @@ def create_app(
                 max_sentences=cfg.max_request_sentences,
             )
         except RequestError as error:
-            return JSONResponse({"error": error.message}, status_code=error.status)
+            return JSONResponse(
+                {"error": error.message},
+                status_code=error.status,
+                headers={"connection": "close"} if error.close else None,
+            )
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it
-        translations = await state["batcher"].translate(
-            [line for text_lines in lines for line in text_lines]
-        )
+        try:
+            translations = await state["batcher"].translate(
+                [line for text_lines in lines for line in text_lines]
+            )
+        except LengthLimitError as error:
+            where = locate(lines, error.index, is_list=is_list)
+            return JSONResponse({"error": f"{where}: {error.reason}"}, status_code=400)
         texts, offset = [], 0
         for text_lines in lines:
             texts.append("\n".join(translations[offset : offset + len(text_lines)]))

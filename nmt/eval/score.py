@@ -32,6 +32,8 @@ def score(
         raise ValueError(
             f"{len(hypotheses)} hypotheses but {len(references)} references: they must align line for line"
         )
+    if not hypotheses:  # sacreBLEU fails with an IndexError
+        raise ValueError("nothing to score: no sentences (BLEU and chrF are undefined on none)")
     metrics: list[tuple[str, BLEU | CHRF]] = [("BLEU", BLEU()), ("chrF2", CHRF())]
     if tokenized_lowercase:
         metrics.append((TOKENIZED_LOWERCASE_LABEL, BLEU(lowercase=True, tokenize="13a")))

@@ -17,6 +17,7 @@ P- and A- lines and ``--score-reference``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -33,7 +34,7 @@ from nmt.data.manifest import Manifest
 from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.ct2_model import CT2Model
-from nmt.eval.hypothesis import Hypothesis
+from nmt.eval.hypothesis import Hypothesis, LengthLimitError, check_min_len
 from nmt.eval.score import Score, score
 
 if TYPE_CHECKING:  # torch is imported for checkpoints only: an exported model translates without it
@@ -49,7 +50,16 @@ UNLIMITED = np.iinfo(np.int64).max  # no token budget: --batch-size alone caps a
 def iter_line_chunks(stream: BinaryIO, *, size: int, name: str) -> Iterator[list[str]]:
     """Lines of ``stream`` in chunks of ``size``, split on ``\\n`` only (as ``nmt.data.text`` does)."""
     chunk: list[str] = []
-    for number, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
+    lines = iter(stream)  # binary iteration splits on b"\n" only
+    for number in itertools.count(1):
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except Exception as error:  # a truncated or corrupt .gz/.xz/.zst
+            raise ValueError(
+                f"{name}: cannot read line {number} ({number - 1} lines decoded before it): {error}"
+            ) from None
         line = raw[:-1] if raw.endswith(b"\n") else raw
         line = line[:-1] if line.endswith(b"\r") else line
         try:
@@ -142,6 +152,34 @@ class Translator:
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.config = EvalConfig() if config is None else config
+        self.check_sources([], self.config)  # a --min-len no output can meet fails here, at once
+
+    def check_sources(
+        self, sources: Sequence[np.ndarray], config: EvalConfig, *, truncate: bool = True
+    ) -> None:
+        """ValueError unless every source (ids, EOS last) can be translated under ``config``: a
+        ``LengthLimitError`` names the first whose length limit is under --min-len, or without
+        ``truncate`` the first longer than the model reads (which ``generate`` would cut)."""
+        max_positions = self.backend.max_source_positions
+        if not truncate:
+            for index, source in enumerate(sources):
+                if len(source) > max_positions:
+                    raise LengthLimitError(
+                        index,
+                        f"{len(source) - 1} pieces long, over the {max_positions - 1} this model "
+                        "reads; split it into shorter sentences",
+                    )
+        lengths = self._source_lengths(sources, warn=False)
+        todo = np.flatnonzero(lengths > 1)  # empty lines are not decoded
+        try:
+            check_min_len(
+                lengths[todo],
+                config,
+                max_source_positions=self.backend.max_source_positions,
+                max_positions=self.backend.max_target_positions,
+            )
+        except LengthLimitError as error:
+            raise LengthLimitError(int(todo[error.index]), error.reason) from None
 
     @classmethod
     def from_checkpoint(
@@ -221,6 +259,7 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order."""
         cfg = dataclasses.replace(self.config, **options)
+        self.check_sources(sources, cfg)
         lengths = self._source_lengths(sources)
         results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
         todo = np.flatnonzero(lengths > 1)  # EOS alone: an empty line translates to an empty line
@@ -377,14 +416,14 @@ class Translator:
             )
         return results
 
-    def _source_lengths(self, sources: Sequence[np.ndarray]) -> np.ndarray:
+    def _source_lengths(self, sources: Sequence[np.ndarray], *, warn: bool = True) -> np.ndarray:
         """Source lengths (EOS included), cut to the models' positions (counted in a warning)."""
         max_positions = self.backend.max_source_positions
         lengths = np.fromiter(
             (len(source) for source in sources), dtype=np.int64, count=len(sources)
         )
         num_truncated = int((lengths > max_positions).sum())
-        if num_truncated:
+        if num_truncated and warn:
             logger.warning(
                 "%d source sentences longer than %d tokens are truncated",
                 num_truncated,

@@ -1,3 +1,4 @@
+import gzip
 import hashlib
 import json
 import os
@@ -5,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from nmt.config import PreprocessConfig
 from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import ParallelCorpus
+from nmt.data.manifest import load_manifest
 from nmt.data.preprocess import FILTER_REASONS, filter_codes, preprocess
 from nmt.data.spm import EOS_ID, SentencePieceModel
 from nmt_cli.preprocess import main as cli_main
@@ -205,16 +208,69 @@ def test_empty_training_set_after_filtering(corpus_dir, capsys):
     )
 
 
-def test_existing_destdir_needs_overwrite(corpus_dir, capsys):
+def test_overwrite_replaces_only_a_dataset_nmt_preprocess_made(corpus_dir, capsys):
     (corpus_dir / "out").mkdir()
     (corpus_dir / "out" / "keep.txt").write_text("precious")
     assert run_cli(corpus_dir) != 0
     assert "--overwrite" in capsys.readouterr().err
     assert (corpus_dir / "out" / "keep.txt").read_text() == "precious"
+    # Someone else's directory: --overwrite does not make it ours (issue 28, case 2).
+    assert run_cli(corpus_dir, "--overwrite") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a directory nmt-preprocess made" in err, err
+    assert (corpus_dir / "out" / "keep.txt").read_text() == "precious"
+    (corpus_dir / "out" / "keep.txt").unlink()
+    assert run_cli(corpus_dir) == 0  # empty: ours from now on
+    (corpus_dir / "out" / "stray.txt").write_text("left in our dataset")
     assert run_cli(corpus_dir, "--overwrite") == 0
-    assert (corpus_dir / "out" / "manifest.json").exists() and not (
-        corpus_dir / "out" / "keep.txt"
-    ).exists()
+    assert (corpus_dir / "out" / "manifest.json").exists()
+    assert not (corpus_dir / "out" / "stray.txt").exists()  # ours is replaced whole, as before
+
+
+def test_destdir_that_holds_an_input_is_refused_and_nothing_is_lost(corpus_dir, capsys):
+    """nmt-preprocess --destdir RAW --overwrite, RAW holding the raw text (and other languages)."""
+    (corpus_dir / "train.fr").write_text("not an input, but in the same directory\n")
+    before = {p.name: p.read_bytes() for p in corpus_dir.iterdir() if p.is_file()}
+    assert run_cli(corpus_dir, "--destdir", str(corpus_dir), "--overwrite") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--destdir {corpus_dir}: holds --trainpref {corpus_dir / 'train.en'}" in err
+    assert {p.name: p.read_bytes() for p in corpus_dir.iterdir() if p.is_file()} == before
+    # A reused SentencePiece model inside the dataset being replaced: the same refusal.
+    assert run_cli(corpus_dir) == 0
+    spm_model = corpus_dir / "out" / "spm.model"
+    assert run_cli(corpus_dir, "--overwrite", "--spm-model", str(spm_model)) == 1
+    assert f"holds --spm-model {spm_model}" in capsys.readouterr().err
+    assert spm_model.exists()
+
+
+def test_a_vocabulary_smaller_than_asked_is_one_warning_line(corpus_dir, caplog):
+    assert run_cli(corpus_dir, "--spm-vocab-size", "100000") == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    vocab_size = load_manifest(str(corpus_dir / "out")).spm.src_vocab_size
+    assert warnings == [
+        f"--spm-vocab-size 100000: the training text (en+de) yields only {vocab_size} pieces, "
+        f"so the vocabulary has {vocab_size}"
+    ]
+
+
+def test_a_truncated_gz_is_reported_at_the_line_it_breaks(corpus_dir, capsys):
+    src, tgt = random_pairs(3000, seed=5)
+    write_corpus(corpus_dir, "big", src, tgt)
+    compressed = gzip.compress((corpus_dir / "big.en").read_bytes())
+    truncated = compressed[: len(compressed) // 2]
+    (corpus_dir / "big.en").unlink()
+    (corpus_dir / "big.en.gz").write_bytes(truncated)
+    decoded = zlib.decompressobj(wbits=31).decompress(truncated)  # all that can be decoded
+    whole_lines = decoded.count(b"\n")
+    assert 1000 < whole_lines < 3000
+    assert run_cli(corpus_dir, "--trainpref", str(corpus_dir / "big")) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(
+        f"nmt-preprocess: error: {corpus_dir / 'big.en.gz'}: cannot read line {whole_lines + 1} "
+        f"({whole_lines} lines decoded before it): "
+    ), errors
 
 
 def test_a_destdir_whose_parents_do_not_exist_is_created(corpus_dir):

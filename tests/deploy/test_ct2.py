@@ -172,6 +172,7 @@ def test_cli_export_then_nmt_eval_on_the_directory(tiny, tmp_path, capsys) -> No
     assert export_main([tiny.checkpoint, "--output-dir", output_dir]) == 0
     assert "wrote" in capsys.readouterr().out
     assert sorted(os.listdir(output_dir)) == [
+        ".nmt-made-by",  # what --force may replace
         "config.json",
         "model.bin",
         "nmt_export.json",

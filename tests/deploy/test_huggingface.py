@@ -90,6 +90,7 @@ def test_export_loads_in_transformers_with_our_logits_tokens_and_translations(ti
     out = tmp_path / "hf"
     assert export_main([tiny.checkpoint, "--format", "huggingface", "--output-dir", str(out)]) == 0
     assert sorted(os.listdir(out)) == [
+        ".nmt-made-by",  # what nmt-export --force may replace
         "README.md",
         "config.json",
         "generation_config.json",
@@ -457,11 +458,22 @@ def test_what_cannot_be_converted_is_a_one_line_error(tiny, opus_like, tmp_path,
     assert "--force" in _error(capsys) and (taken / "keep.txt").read_text() == "mine"
     assert import_main([opus_like, "--from", "huggingface", "--output-dir", str(taken)]) == 1
     assert "--force" in _error(capsys) and os.listdir(taken) == ["keep.txt"]
+    # --force replaces only what nmt-import made itself, never a directory of the user's.
     assert (
         import_main([opus_like, "--from", "huggingface", "--output-dir", str(taken), "--force"])
-        == 0
+        == 1
     )
-    assert sorted(os.listdir(taken)) == ["checkpoint.pt", "spm.de.model", "spm.en.model"]
+    assert "not a directory nmt-import made" in _error(capsys) and os.listdir(taken) == ["keep.txt"]
+    ours = tmp_path / "imported"
+    for flags in ([], ["--force"]):
+        command = [opus_like, "--from", "huggingface", "--output-dir", str(ours), *flags]
+        assert import_main(command) == 0
+    assert sorted(os.listdir(ours)) == [
+        ".nmt-made-by",
+        "checkpoint.pt",
+        "spm.de.model",
+        "spm.en.model",
+    ]
 
 
 def test_an_imported_opus_mt_like_model_exports_to_ctranslate2_with_our_translations(
