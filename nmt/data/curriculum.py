@@ -48,7 +48,8 @@ def competence(
 ) -> np.ndarray:
     """Square-root competence c(t) in [initial, 1]; reaches 1 at ``total_updates``."""
     t = np.asarray(update, dtype=np.float64)
-    return np.minimum(1.0, np.sqrt(t * (1.0 - initial**2) / total_updates + initial**2))
+    rising = np.minimum(1.0, np.sqrt(t * (1.0 - initial**2) / total_updates + initial**2))
+    return np.where(t >= total_updates, 1.0, rising)  # exactly 1 from T on, whatever the round-off
 
 
 def competence_update(
@@ -59,13 +60,24 @@ def competence_update(
     if initial >= 1.0:  # full competence from the start
         return np.zeros(fraction.shape, dtype=np.int64)
     t = np.ceil(total_updates * (fraction**2 - initial**2) / (1.0 - initial**2))
-    # Round-off can make ceil land one update off either way; step to the exact first update.
-    t = np.maximum(t, 0.0)
-    t += competence(t, total_updates=total_updates, initial=initial) < fraction
-    t -= (t > 0) & (
-        competence(np.maximum(t - 1, 0), total_updates=total_updates, initial=initial) >= fraction
-    )
-    return t.astype(np.int64)
+    t = np.clip(t, 0.0, total_updates).astype(np.int64)
+
+    def reached(updates: np.ndarray) -> np.ndarray:
+        return competence(updates, total_updates=total_updates, initial=initial) >= fraction
+
+    # The closed form is exact but for round-off, which grows without bound as c0 nears 1; where
+    # it missed the first update, bisect for it (c is non-decreasing and reaches 1 at T).
+    wrong = ~reached(t) | ((t > 0) & reached(np.maximum(t - 1, 0)))
+    if wrong.any():
+        low = np.zeros(int(wrong.sum()), dtype=np.int64)
+        high = np.full(low.shape, total_updates, dtype=np.int64)
+        target = fraction[wrong] if fraction.ndim else fraction
+        while (low < high).any():
+            middle = (low + high) // 2
+            ok = competence(middle, total_updates=total_updates, initial=initial) >= target
+            high, low = np.where(ok, middle, high), np.where(ok, low, middle + 1)
+        t[wrong] = high
+    return t
 
 
 def competence_schedule(

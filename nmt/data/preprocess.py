@@ -49,7 +49,14 @@ from nmt.data.manifest import (
     load_manifest,
     sha256_files,
 )
-from nmt.data.spm import SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype, train_model
+from nmt.data.spm import (
+    SPECIAL_IDS,
+    UNK_ID,
+    SentencePieceModel,
+    reserved_tags,
+    token_dtype,
+    train_model,
+)
 from nmt.data.text import (
     DataError,
     count_lines,
@@ -443,6 +450,7 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
             model_type=cfg.spm_model_type,
             character_coverage=cfg.spm_character_coverage,
             num_threads=1,
+            tags=reserved_tags([cfg.source_lang, cfg.target_lang]),
             label=f"a sample of {num_sentences} training sentences ({label})",
         )
         vocab_size = SentencePieceModel(proto).vocab_size

@@ -19,6 +19,21 @@ EOS_ID = 2
 UNK_ID = 3
 SPECIAL_IDS = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
 
+# Tags: pieces reserved in every vocabulary nmt-preprocess trains, as SentencePiece control symbols,
+# so text never encodes to one (a tag typed inside a sentence stays text) and decoding drops them
+# (never in any output); they enter a sequence by id only. ``<2xx>``: "into language xx", one per
+# language of the dataset (multilingual models); ``<bt>``: a synthetic (back-translated) source.
+BT_TAG = "<bt>"
+
+
+def language_tag(lang: str) -> str:
+    return f"<2{lang}>"
+
+
+def reserved_tags(languages: Iterable[str]) -> list[str]:
+    """The tags a vocabulary over ``languages`` reserves, in id order."""
+    return [language_tag(lang) for lang in sorted(set(languages))] + [BT_TAG]
+
 
 def train_model(
     sentences: Iterable[str],
@@ -27,9 +42,11 @@ def train_model(
     model_type: str,
     character_coverage: float,
     num_threads: int,
+    tags: Sequence[str] = (),
     label: str = "the training sample",
 ) -> bytes:
-    """Train a SentencePiece model on ``sentences`` and return its serialized proto.
+    """Train a SentencePiece model on ``sentences`` and return its serialized proto; ``tags``
+    become control symbols (ids right after the special ids).
 
     ``hard_vocab_limit=False`` lets a small corpus yield a smaller vocabulary instead of failing;
     the real size is read back from the model and recorded. SentencePiece's own errors (degenerate
@@ -47,6 +64,7 @@ def train_model(
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             unk_id=UNK_ID,
+            control_symbols=list(tags),
             hard_vocab_limit=False,
             num_threads=num_threads,
             minloglevel=2,
@@ -93,6 +111,16 @@ class SentencePieceModel:
     @property
     def vocab_size(self) -> int:
         return self.processor.get_piece_size()
+
+    @property
+    def tags(self) -> dict[str, int]:
+        """The reserved tags (control pieces other than the special ids) and their ids."""
+        specials = set(SPECIAL_IDS.values())
+        return {
+            self.processor.id_to_piece(i): i
+            for i in range(self.vocab_size)
+            if self.processor.is_control(i) and i not in specials
+        }
 
     def encode(self, lines: Sequence[str], *, num_threads: int = 1) -> list[list[int]]:
         """Piece ids without EOS. Threads are SentencePiece's own, so output is thread-count independent."""

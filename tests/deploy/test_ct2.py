@@ -36,7 +36,7 @@ def test_float32_export_gives_our_translations_and_scores(tiny, exported) -> Non
         assert [n[0].text for n in got] == [n[0].text for n in expected]
         # Same normalisation as ours: sum of log-probs with EOS, divided by (tokens + 1) ** lenpen.
         np.testing.assert_allclose(
-            [n[0].score for n in got], [n[0].score for n in expected], atol=5e-4
+            [n[0].score for n in got], [n[0].score for n in expected], atol=1e-3
         )  # CTranslate2 vectorised exp/log
     lenpen = dict(beam=4, lenpen=0.3, nbest=2)
     assert theirs.translate(tiny.test_src, **lenpen) == ours.translate(tiny.test_src, **lenpen)
