@@ -124,10 +124,12 @@ class CT2Model:
         self._src_pieces = pieces(src_spm)
         tgt_pieces = pieces(tgt_spm)
         self._tgt_ids = {piece: index for index, piece in enumerate(tgt_pieces)}
+        # one-token sequences: always suppressed (the tags too: never in any output)
         self._banned = [
             [tgt_pieces[PAD_ID]],
             [tgt_pieces[BOS_ID]],
-        ]  # one-token sequences: always suppressed
+            *([tag] for tag in tgt_spm.tags),
+        ]
 
     @classmethod
     def load(

@@ -20,6 +20,8 @@ per step is the check for newly finished sentences; maximum lengths are known on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -38,8 +40,11 @@ def generate(
     cfg: EvalConfig,
     *,
     generator: torch.Generator | None = None,
+    banned: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Padded source (B, S) with lengths (B,) (EOS included) -> per sentence, ``cfg.nbest`` hypotheses.
+
+    PAD, BOS and ``banned`` (the vocabulary's tags) are never generated.
 
     ``cfg.beam == 1`` takes the greedy path; ``cfg.sampling`` draws ``cfg.beam`` samples per
     sentence (with ``generator`` for reproducibility) and keeps the ``cfg.nbest`` best-scoring.
@@ -50,11 +55,18 @@ def generate(
         src_lengths.cpu().numpy(), cfg, max_positions=ensemble.max_target_positions
     )
     state = ensemble.start(src_tokens, src_lengths)
+    never = torch.tensor([PAD_ID, BOS_ID, *banned], dtype=torch.long, device=src_tokens.device)
     if cfg.sampling or cfg.beam == 1:
         return _one_token_per_row(
-            ensemble, state, max_len, cfg, generator=generator, device=src_tokens.device
+            ensemble,
+            state,
+            max_len,
+            cfg,
+            generator=generator,
+            device=src_tokens.device,
+            never=never,
         )
-    return _beam_search(ensemble, state, max_len, cfg, device=src_tokens.device)
+    return _beam_search(ensemble, state, max_len, cfg, device=src_tokens.device, never=never)
 
 
 def _next_log_probs(
@@ -65,14 +77,14 @@ def _next_log_probs(
     step: int,
     force_eos: torch.Tensor | None,
     cfg: EvalConfig,
+    never: torch.Tensor,
 ) -> torch.Tensor:
     """Log-probabilities (R, V) of the token after ``prefix`` (R, step + 1) (BOS first), constraints applied.
 
     ``force_eos`` (R,) bool marks rows past their maximum length (None: no row is).
     """
     lprobs = ensemble.next_log_probs(prefix[:, -1], state, temperature=cfg.temperature)  # (R, V)
-    lprobs[:, PAD_ID] = -torch.inf
-    lprobs[:, BOS_ID] = -torch.inf
+    lprobs[:, never] = -torch.inf  # PAD, BOS, tags
     if cfg.no_repeat_ngram_size and prefix.shape[1] >= cfg.no_repeat_ngram_size:
         _ban_repeated_ngrams(lprobs, prefix, cfg.no_repeat_ngram_size)
     if step < cfg.min_len:
@@ -140,6 +152,7 @@ def _one_token_per_row(
     *,
     generator: torch.Generator | None,
     device: torch.device,
+    never: torch.Tensor,
 ) -> list[list[Hypothesis]]:
     """Greedy (argmax) or sampling: each row extends one hypothesis; no beams to reorder.
 
@@ -157,7 +170,9 @@ def _one_token_per_row(
     sums = torch.zeros(num_rows, device=device)
     for step in range(int(row_max_len.max()) + 1):
         force_eos = _force_eos_rows(step, row_max_len, rows_per_sentence=1, device=device)
-        lprobs = _next_log_probs(ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg)
+        lprobs = _next_log_probs(
+            ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg, never=never
+        )
         tokens = _sample(lprobs, cfg, generator) if cfg.sampling else lprobs.argmax(dim=-1)  # (R,)
         sums = sums + lprobs.gather(1, tokens[:, None]).squeeze(1)
         prefix = torch.cat([prefix, tokens[:, None]], dim=1)
@@ -188,6 +203,7 @@ def _beam_search(
     cfg: EvalConfig,
     *,
     device: torch.device,
+    never: torch.Tensor,
 ) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
     finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
@@ -206,7 +222,7 @@ def _beam_search(
             step, max_len, rows_per_sentence=rows_per_sentence, device=device
         )
         lprobs = _next_log_probs(
-            ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg
+            ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg, never=never
         )  # (rows, V)
         vocab_size = lprobs.shape[1]
         # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.

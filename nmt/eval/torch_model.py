@@ -97,8 +97,10 @@ class TorchModels:
 
     forced_decoding = True  # score_batch: given targets scored by a teacher-forced forward
 
-    def __init__(self, models: Sequence[TransformerModel]) -> None:
+    def __init__(self, models: Sequence[TransformerModel], *, banned: Sequence[int] = ()) -> None:
+        """``banned``: target ids never generated (the vocabulary's tags)."""
         self.models = [model.eval() for model in models]
+        self.banned = list(banned)
         self.ensemble = Ensemble(self.models)
         self.device = next(self.models[0].parameters()).device
         self.max_source_positions = self.ensemble.max_source_positions
@@ -113,7 +115,9 @@ class TorchModels:
 
         def search(sources: list[np.ndarray], lengths: np.ndarray) -> list[list[Hypothesis]]:
             src_tokens, src_lengths = self.collate(sources, lengths)
-            return generate(self.ensemble, src_tokens, src_lengths, cfg, generator=generator)
+            return generate(
+                self.ensemble, src_tokens, src_lengths, cfg, generator=generator, banned=self.banned
+            )
 
         return search
 

@@ -146,7 +146,7 @@ class Translator:
             from nmt.eval import torch_model  # here: the CTranslate2 path never imports torch
 
             self.backend = torch_model.TorchModels(
-                model if isinstance(model, Sequence) else [model]
+                model if isinstance(model, Sequence) else [model], banned=tgt_spm.tags.values()
             )
             self.model = self.backend.models[0]
         self.src_spm = src_spm

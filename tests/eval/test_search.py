@@ -16,6 +16,8 @@ from nmt.eval.ensemble import Ensemble
 from nmt.eval.search import _beam_search, max_target_lengths
 from nmt.model import build_model
 
+NEVER = torch.tensor([PAD_ID, BOS_ID])  # what generate() always bans
+
 VOCAB = 6  # pad, bos, eos, unk + 2 pieces: every output of <= 3 tokens can be enumerated
 
 
@@ -99,7 +101,7 @@ def test_beam_1_equals_greedy(tiny) -> None:
         max_len = max_target_lengths(
             src_lengths.numpy(), cfg, max_positions=ensemble.max_target_positions
         )
-        beam = _beam_search(ensemble, state, max_len, cfg, device=src.device)
+        beam = _beam_search(ensemble, state, max_len, cfg, device=src.device, never=NEVER)
     assert [h[0].tokens for h in beam] == [h[0].tokens for h in greedy]
     np.testing.assert_allclose([h[0].score for h in beam], [h[0].score for h in greedy], rtol=1e-5)
 
@@ -186,3 +188,36 @@ def test_config_errors_name_the_option() -> None:
         EvalConfig(topk=5)
     with pytest.raises(ValueError, match="--topp"):
         EvalConfig(sampling=True, topp=0.0)
+
+
+def test_tags_are_never_generated(tmp_path) -> None:
+    """The vocabulary's tags (language and back-translation tags) are banned like PAD and BOS,
+    whatever the model prefers: here a model whose output bias favours a tag above all."""
+    torch.manual_seed(3)
+    model = build_model(
+        ModelConfig(
+            src_vocab_size=20,
+            tgt_vocab_size=20,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_embed_dim=16,
+            decoder_embed_dim=16,
+            encoder_ffn_embed_dim=16,
+            decoder_ffn_embed_dim=16,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            dropout=0.0,
+            output_bias=True,
+        )
+    ).eval()
+    with torch.no_grad():
+        model.output_projection.bias[5] = 50.0
+    src = torch.tensor([[7, 8, 9, EOS_ID]])
+    lengths = torch.tensor([4])
+    for cfg in (EvalConfig(beam=1), EvalConfig(beam=3), EvalConfig(beam=2, sampling=True)):
+        free = generate(model, src, lengths, cfg, generator=torch.Generator().manual_seed(0))
+        assert 5 in free[0][0].tokens  # the model wants the tag
+        banned = generate(
+            model, src, lengths, cfg, generator=torch.Generator().manual_seed(0), banned=[5]
+        )
+        assert all(5 not in hypothesis.tokens for hypothesis in banned[0])
