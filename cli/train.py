@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = load_manifest(vars(args)["data.data_dir"])
         train_cfg, model_cfg = make_configs(args, manifest)
         bleu_validator = None
-        if train_cfg.checkpoint.eval_bleu:
+        # Without the split, the trainer's validator says what is missing (one line).
+        if train_cfg.checkpoint.eval_bleu and train_cfg.data.valid_subset in manifest.splits:
             bleu_validator = make_bleu_validator(
                 manifest,
                 train_cfg.data.valid_subset,

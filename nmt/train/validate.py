@@ -42,7 +42,7 @@ class Validator:
             asked = [
                 flag
                 for flag, given in (
-                    ("--eval-bleu", evaluate_bleu is not None),
+                    ("--eval-bleu", cfg.eval_bleu),
                     ("--patience", cfg.patience >= 0),
                     ("--validate-interval-updates", cfg.validate_interval_updates > 0),
                 )
