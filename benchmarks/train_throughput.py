@@ -3,24 +3,27 @@
     python benchmarks/train_throughput.py [--updates 8] [--skip-compile] [--skip-processes]
         [--baseline-tree OLD_CHECKOUT --repeats 3]
 
-Model: transformer_tiny (3+3 layers, 256 dim, FFN 1024, 4 heads, shared embeddings, 8k joint
-SentencePiece vocabulary), --max-tokens 4096, fp32, dropout 0.1: the fairseq reference setting.
-Rows: padded + random batches (a plain PyTorch loop: shuffled samples cut under the budget),
-padded + our sampler, packed + our sampler, each also with --compile (static shapes; warm-up time
-reported separately, steady state measured); then 1 vs 2 CPU processes (torchrun, gloo), and the
-same nmt-train runs of another checkout (--baseline-tree) alternating with this one's: before/after
-a change in one run.
+Model: 3+3 layers, 256 dim, FFN 1024, 4 heads, shared embeddings, 8k joint SentencePiece
+vocabulary, --max-tokens 4096, fp32, dropout 0.1: the fairseq reference setting.
+Rows: the reference, a plain PyTorch loop (``nn.Transformer``, ``F.cross_entropy``, Adam) on
+shuffled batches cut under the padded budget; our update step on the same batches, padded + our
+sampler, packed + our sampler, each also with --compile (static shapes; warm-up time reported
+separately, steady state measured); then nmt-train as a process, 1 x 2 threads and 2 x 1
+(torchrun, gloo), and the same nmt-train runs of another checkout (--baseline-tree) alternating
+with this one's: before/after a change in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -105,37 +108,123 @@ def random_batches(trainer, *, seed: int) -> list[np.ndarray]:
     return [order[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def measure(
-    trainer, batches: list[np.ndarray], *, warmup: int, updates: int
-) -> tuple[float, float]:
-    """(target tokens/s, padding ratio) over ``updates`` updates after ``warmup`` untimed ones."""
+Stepper = (
+    "Callable[[int], tuple[int, int, int]]"  # batch i -> (target tokens, padded, real) once done
+)
+
+
+def nmt_stepper(trainer, batches: list[np.ndarray]):
+    """One update of our step on batch i, waited for (the device read a log point makes)."""
     from nmt.data import Update
 
     tgt = trainer.plan.current.dataset.tgt_lengths
 
-    def run(batch: np.ndarray):
-        return trainer.step(
-            Update(trainer.plan.micro_batches(batch), int(tgt[batch].sum()), len(batch))
+    def step(i: int) -> tuple[int, int, int]:
+        micro = trainer.plan.micro_batches(batches[i])
+        update = Update(
+            micro, int(tgt[batches[i]].sum()), len(batches[i]), epoch=1, ends_epoch=False
         )
+        stats = trainer.step(update)
+        trainer.step.read()
+        return stats.ntokens, stats.padded_tokens, stats.real_tokens
 
-    for batch in batches[:warmup]:
-        run(batch)
-    tokens = padded = real = 0
-    started = time.perf_counter()
-    for batch in batches[warmup : warmup + updates]:
-        stats = run(batch)
-        tokens += stats.ntokens
-        padded += stats.padded_tokens
-        real += stats.real_tokens
-    elapsed = time.perf_counter() - started
-    return tokens / elapsed, 1.0 - real / max(padded, 1)
+    return step
+
+
+def measure_interleaved(
+    steppers: dict[str, Any], *, warmup: int, updates: int
+) -> dict[str, tuple[float, float]]:
+    """(target tokens/s, padding ratio) of each stepper, taking turns update by update, so that
+    load from other processes falls on all of them alike."""
+    for i in range(warmup):
+        for step in steppers.values():
+            step(i)
+    totals = {name: [0.0, 0, 0, 0] for name in steppers}  # seconds, tokens, padded, real
+    for i in range(warmup, warmup + updates):
+        for name, step in steppers.items():
+            started = time.perf_counter()
+            tokens, padded, real = step(i)
+            total = totals[name]
+            total[0] += time.perf_counter() - started
+            total[1] += tokens
+            total[2] += padded
+            total[3] += real
+    return {name: (t[1] / t[0], 1.0 - t[3] / max(t[2], 1)) for name, t in totals.items()}
+
+
+def measure(
+    trainer, batches: list[np.ndarray], *, warmup: int, updates: int
+) -> tuple[float, float]:
+    """One stepper alone (the compiled rows: compilation is process-wide)."""
+    return measure_interleaved({"": nmt_stepper(trainer, batches)}, warmup=warmup, updates=updates)[
+        ""
+    ]
+
+
+def plain_loop_stepper(trainer, batches: list[np.ndarray]):
+    """The reference: the training loop a PyTorch user writes with ``nn.Transformer`` (same sizes:
+    3+3 x 256, FFN 1024, 4 heads, dropout 0.1, shared embeddings, sinusoidal positions, Adam,
+    clip 1.0, label-smoothed ``F.cross_entropy``), on shuffled batches cut under the padded budget."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from nmt.data.collate import collate
+    from nmt.data.spm import BOS_ID, PAD_ID
+
+    dataset = trainer.plan.current.dataset
+    vocab = trainer.model_cfg.src_vocab_size
+    dim = 256
+    torch.manual_seed(1)
+    embed = nn.Embedding(vocab, dim, padding_idx=PAD_ID)
+    transformer = nn.Transformer(dim, 4, 3, 3, 1024, dropout=0.1, batch_first=True).train()
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half) * -(np.log(10000.0) / (half - 1)))
+    angles = torch.arange(1024)[:, None] * freqs[None, :]
+    positions = torch.cat([angles.sin(), angles.cos()], dim=1)
+    params = list(embed.parameters()) + list(transformer.parameters())
+    optimizer = torch.optim.Adam(params, lr=5e-4, betas=(0.9, 0.98))
+
+    def step(i: int) -> tuple[int, int, int]:
+        batch = collate([dataset[int(j)] for j in batches[i]], pad_id=PAD_ID, bos_id=BOS_ID)
+        src, prev, target = batch["src_tokens"], batch["prev_output_tokens"], batch["target"]
+        source = embed(src) * dim**0.5 + positions[: src.shape[1]]
+        decoder_in = embed(prev) * dim**0.5 + positions[: prev.shape[1]]
+        causal = nn.Transformer.generate_square_subsequent_mask(prev.shape[1])
+        hidden = transformer(
+            source,
+            decoder_in,
+            tgt_mask=causal,
+            src_key_padding_mask=src == PAD_ID,
+            tgt_key_padding_mask=prev == PAD_ID,
+            memory_key_padding_mask=src == PAD_ID,
+            tgt_is_causal=True,
+        )
+        logits = hidden @ embed.weight.T  # (B, T, V), tied output
+        ntokens = int((target != PAD_ID).sum())
+        loss = (
+            F.cross_entropy(
+                logits.view(-1, vocab),
+                target.view(-1),
+                ignore_index=PAD_ID,
+                label_smoothing=0.1,
+                reduction="sum",
+            )
+            / ntokens
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        return ntokens, src.numel() + target.numel(), int(batch["src_lengths"].sum()) + ntokens
+
+    return step
 
 
 def compile_for(trainer, batches: list[np.ndarray]) -> float:
     """Compile exactly the shapes of the measured batches; returns the warm-up seconds."""
     from nmt.data.shapes import StaticShapes
     from nmt.train.compile import compile_for_shapes
-    from nmt.train.step import to_device
 
     static = trainer.plan.static
     data = trainer.plan.current.dataset
@@ -146,51 +235,58 @@ def compile_for(trainer, batches: list[np.ndarray]) -> float:
     needed = StaticShapes(
         tuple(sorted({static.shape_for(size) for size in sizes}, key=lambda s: s[1])), static.packed
     )
-    trainer.compiled = compile_for_shapes(
-        trainer.step.wrapped,
-        needed,
-        trainer.step.forward_loss,
-        device=trainer.session.device,
-        world_size=1,
-        to_device=lambda batch: to_device(batch, trainer.session.device),
-    )
-    trainer.step.runner = trainer.compiled.module
+    trainer.compiled = compile_for_shapes(trainer.step, needed, world_size=1)
     return trainer.compiled.warmup_seconds
 
 
 def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]]:
     import torch
 
-    rows = []
     configs = [
         ("padded + random batches", "padded", "random"),
         ("padded + our sampler", "padded", "sampler"),
         ("packed + our sampler", "packed", "sampler"),
     ]
-    for compiled in [False] if args.skip_compile else [False, True]:
+    count = args.warmup + args.updates
+    with contextlib.ExitStack() as stack:
+        steppers, notes = {}, {}
         for label, layout, batching in configs:
-            name = label + (" + compile" if compiled else "")
-            with tempfile.TemporaryDirectory() as tmp:
-                extra = ["--layout", layout] + (
-                    ["--compile", "--length-multiple", "16"] if compiled else []
-                )
-                trainer = make_trainer(tmp, *extra)
-                if batching == "random":
-                    batches = random_batches(trainer, seed=1)
-                else:
-                    batches = trainer.plan.current.rank_batches.to_list()
-                batches = batches[: args.warmup + args.updates]
-                note = ""
-                if compiled:
-                    note = f"warm-up {compile_for(trainer, batches):.0f} s for {len(trainer.compiled.shapes)} shapes"
-                tokens_per_s, padding = measure(
-                    trainer, batches, warmup=args.warmup, updates=args.updates
-                )
-                rows.append((name, tokens_per_s, padding, note))
-                print(f"  {name}: {tokens_per_s:,.0f} tok/s", flush=True)
-            if compiled:
-                torch.compiler.set_stance("default")
-                torch.compiler.reset()
+            trainer = make_trainer(
+                stack.enter_context(tempfile.TemporaryDirectory()), "--layout", layout
+            )
+            stack.callback(trainer.close)
+            if batching == "random":
+                batches = random_batches(trainer, seed=1)[:count]
+                if not steppers:  # the reference, on the same batches
+                    steppers["plain PyTorch loop (nn.Transformer)"] = plain_loop_stepper(
+                        trainer, batches
+                    )
+                    notes["plain PyTorch loop (nn.Transformer)"] = "random batches, padded"
+            else:
+                batches = trainer.plan.current.rank_batches.to_list()[:count]
+            steppers[label] = nmt_stepper(trainer, batches)
+        measured = measure_interleaved(steppers, warmup=args.warmup, updates=args.updates)
+    rows = [
+        (name, rate, padding, notes.get(name, "")) for name, (rate, padding) in measured.items()
+    ]
+    for name, rate, _, _ in rows:
+        print(f"  {name}: {rate:,.0f} tok/s", flush=True)
+    if args.skip_compile:
+        return rows
+    for label, layout, batching in configs:
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = make_trainer(tmp, "--layout", layout, "--compile", "--length-multiple", "16")
+            if batching == "random":
+                batches = random_batches(trainer, seed=1)[:count]
+            else:
+                batches = trainer.plan.current.rank_batches.to_list()[:count]
+            note = f"warm-up {compile_for(trainer, batches):.0f} s for {len(trainer.compiled.shapes)} shapes"
+            rate, padding = measure(trainer, batches, warmup=args.warmup, updates=args.updates)
+            rows.append((label + " + compile", rate, padding, note))
+            print(f"  {label} + compile: {rate:,.0f} tok/s", flush=True)
+            trainer.close()
+        torch.compiler.set_stance("default")
+        torch.compiler.reset()
     return rows
 
 
@@ -301,10 +397,10 @@ def main() -> None:
     rows = in_process_rows(args) + ([] if args.skip_processes else process_rows(args))
     baseline = rows[0][1]
     print(
-        f"\nMulti30k en-de, transformer_tiny, --max-tokens 4096, fp32, {args.updates} timed updates each"
+        f"\nMulti30k en-de, 3+3 x 256 (FFN 1024), --max-tokens 4096, fp32, {args.updates} timed updates each"
     )
     print(
-        f"{'configuration':<46} {'tgt tok/s':>10} {'vs random':>9} {'vs fairseq':>10} {'padding':>8}  note"
+        f"{'configuration':<46} {'tgt tok/s':>10} {'vs plain':>9} {'vs fairseq':>10} {'padding':>8}  note"
     )
     for name, tokens_per_s, padding, note in rows:
         pad = "" if np.isnan(padding) else f"{padding:.1%}"
@@ -315,7 +411,8 @@ def main() -> None:
             f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / baseline:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}"
         )
     print(
-        f"fairseq 0.12.2 reference on this machine: {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s (target: 1.3x = {1.3 * FAIRSEQ_TOKENS_PER_SECOND:,.0f})"
+        f"vs plain: against the plain PyTorch loop measured in this run; vs fairseq: against fairseq "
+        f"0.12.2's {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s measured earlier on this machine (quiet)"
     )
 
 

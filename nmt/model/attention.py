@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -127,6 +128,7 @@ class Packing:
     num_real: int  # tokens that belong to a sample (cu_seqlens[-1]); N - num_real is the tail
     max_len: int  # T of the padded view (>= 1)
     scatter_index: torch.Tensor  # (num_real,) int64, padded slot b*T+t of each real token
+    padding_index: torch.Tensor  # (B*T - num_real,) int64, the padded view's other slots
 
     @classmethod
     def from_lengths(
@@ -162,7 +164,17 @@ class Packing:
             )  # (num_real,)
             positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
         scatter_index = sample_of_token * max_len + positions[:num_real]
-        return cls(lengths, cu_seqlens, positions, seqlens, num_real, max_len, scatter_index)
+        # Slots len_b .. T-1 of each row b, from the host lengths (no device work to know them).
+        host_lengths = np.asarray(seqlens, dtype=np.int64)
+        pad_counts = max_len - host_lengths
+        first_slots = np.arange(host_lengths.shape[0], dtype=np.int64) * max_len + host_lengths
+        within = np.arange(int(pad_counts.sum())) - np.repeat(
+            np.cumsum(pad_counts) - pad_counts, pad_counts
+        )
+        padding_index = torch.from_numpy(np.repeat(first_slots, pad_counts) + within).to(device)
+        return cls(
+            lengths, cu_seqlens, positions, seqlens, num_real, max_len, scatter_index, padding_index
+        )
 
     def to(self, device: torch.device) -> Packing:
         """The same packing with its tensors on ``device`` (asynchronous copies from pinned memory
@@ -176,6 +188,7 @@ class Packing:
             self.num_real,
             self.max_len,
             move(self.scatter_index, device),
+            move(self.padding_index, device),
         )
 
     @property
@@ -196,10 +209,11 @@ class Packing:
 
     def _gather_padded(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B*T, ...) with zeros in padding slots: each real token written to its slot
-        (measured faster than gathering from x with a zero row appended, which copies x first)."""
-        padded = x.new_zeros(self.num_samples * self.max_len, *x.shape[1:])
+        (measured faster than gathering from x with a zero row appended, which copies x first), and
+        zeros written to the padding slots only."""
+        padded = x.new_empty(self.num_samples * self.max_len, *x.shape[1:])
         padded[self.scatter_index] = x[: self.num_real]
-        return padded
+        return padded.index_fill_(0, self.padding_index, 0.0)  # only the padding: a few percent
 
     def _gather_packed(self, x: torch.Tensor) -> torch.Tensor:
         """(B*T, ...) -> (N, ...): the real tokens' slots, zeros for the tail."""

@@ -79,18 +79,21 @@ class _CpuDropout(torch.autograd.Function):
         num_dropped_levels = round(p * 65536)
         draws = torch.randint(-(2**31), 2**31 - 1, ((x.numel() + 1) // 2,), dtype=torch.int32)
         uniform16 = draws.view(torch.int16)[: x.numel()].view(x.shape)  # uniform over [-2^15, 2^15)
-        keep = uniform16 >= num_dropped_levels - 32768
         scale = 65536.0 / (65536 - num_dropped_levels)
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        # The mask as x's dtype with the scale folded in: one multiplication each way (a boolean
+        # mask is converted to x's dtype by every multiplication, and the scale is a second pass).
+        mask = torch.where(
+            uniform16 >= num_dropped_levels - 32768, x.new_tensor(scale), x.new_zeros(())
+        )
+        ctx.save_for_backward(mask)
+        return x * mask
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

@@ -265,25 +265,32 @@ class UpdateStep:
         """Clip and step; a non-finite gradient (a non-finite loss makes one: the loss's gradient is
         softmax - target) skips the step on the device. The gradient is the same on every rank
         after DDP's all-reduce, so every rank skips the same updates."""
-        self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.cfg.clip_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)
-        else:
-            grad_norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
-            )
-        nonfinite = (~torch.isfinite(grad_norm)).to(torch.float32)  # 0-d, 1.0: skip
-        self.sums.grad_norm.copy_(grad_norm)
         if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradient, then step
+            grad_norm = self._clip(params)
             self.scaler.step(self.optimizer)  # the fused optimizer takes the scaler's found_inf
             self.scaler.update()
         else:
-            self.optimizer.found_inf = nonfinite  # read by the fused kernel: no step when 1
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            # The fused optimizer divides the gradient by grad_scale in its own pass: clipping
+            # there spares a multiplication over every gradient. found_inf skips the step.
+            if self.cfg.clip_norm > 0:
+                self.optimizer.grad_scale = (grad_norm / self.cfg.clip_norm).clamp(min=1.0).float()
+            self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
             self.optimizer.step()
+            self.optimizer.__dict__.pop("grad_scale", None)
             del self.optimizer.found_inf
+        nonfinite = (~torch.isfinite(grad_norm)).to(torch.float32)  # 0-d, 1.0: skipped
+        self.sums.grad_norm.copy_(grad_norm)
         self.sums.count_update(nonfinite, counts_as_divergence=not self.scaler.is_enabled())
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The gradient norm, after clipping to --clip-norm (0: no clipping)."""
+        if self.cfg.clip_norm > 0:
+            return torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)
+        return torch.nn.utils.get_total_norm([p.grad for p in params])
 
     def read(self, *, flags: Sequence[bool] = ()) -> Reading:
         """The window's sums and the run's counters (see ``RunningSums.read``); RuntimeError once
