@@ -268,7 +268,7 @@ def test_fp16_on_the_cpu_warns_once_and_decodes_in_float32(tiny, capsys, caplog)
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_fp16_on_cuda(tiny, capsys) -> None:
     source = os.path.join(os.path.dirname(tiny.data_dir), "test.en")
     code, out, err = run(

@@ -179,8 +179,12 @@ def _xformers_usable() -> bool:
     return True
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-xformers = pytest.mark.skipif(not _xformers_usable(), reason="needs CUDA and xFormers")
+cuda = pytest.mark.cuda
+
+
+def xformers(test):
+    """CUDA and a working xFormers."""
+    return cuda(pytest.mark.skipif(not _xformers_usable(), reason="needs xFormers")(test))
 
 
 def _compare_with_sdpa(backend: str, *, packed: bool, causal: bool) -> None:
