@@ -292,8 +292,13 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
 
 # Runs a source tree's cli/train.py with that tree first on sys.path, so an older checkout (a git
 # worktree of the commit before a change) is measured in the same run as this one.
+# Its cli/ directory is made the nmt_cli package (as the installed one is), so the tree's own
+# command-line code runs with its own library.
 LAUNCH = (
-    "import runpy, sys; tree = sys.argv[1]; sys.path.insert(0, tree); "
+    "import importlib.util, runpy, sys; tree = sys.argv[1]; sys.path.insert(0, tree); "
+    "spec = importlib.util.spec_from_file_location('nmt_cli', tree + '/cli/__init__.py', "
+    "submodule_search_locations=[tree + '/cli']); cli = importlib.util.module_from_spec(spec); "
+    "sys.modules['nmt_cli'] = cli; spec.loader.exec_module(cli); "
     "sys.argv = ['nmt-train', *sys.argv[2:]]; runpy.run_path(tree + '/cli/train.py', run_name='__main__')"
 )
 
