@@ -166,6 +166,9 @@ class Trainer:
         """The plan's updates, epoch after epoch, with a progress bar and the blend's counts per epoch."""
         while True:
             info = self.plan.begin_epoch()
+            if info.first_update == info.num_updates:  # saved after its last update (older nmt)
+                self.plan.end_epoch()
+                continue
             if info.blend_counts:
                 self.metrics.log(
                     info.blend_counts, prefix="blend", update=self.num_updates, epoch=info.epoch

@@ -36,8 +36,8 @@ def test_tiny_model_trains_and_loss_falls(tiny_data, tmp_path):
 @pytest.mark.slow
 def test_two_ranks_equal_one_rank_with_twice_the_accumulation(tiny_data, tmp_path):
     """2 ranks x update-freq 1 == 1 rank x update-freq 2, with dropout on (seeded per batch), across an
-    epoch's end (29 batches: one rank runs a dummy batch in the last update of epoch 1)."""
-    common = ["--max-update", "18", "--dropout", "0.1"]
+    epoch's end (31 batches: one rank runs a dummy batch in the last update of epoch 1)."""
+    common = ["--max-update", "18", "--dropout", "0.1", "--max-tokens", "300"]
     one = run_subprocess(
         [tiny_data, *train_command(tiny_data, tmp_path / "one", *common, "--update-freq", "2")]
     )
