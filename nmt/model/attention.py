@@ -354,6 +354,45 @@ def attention(
     return _sdpa(q, k, v, mask, dropout_p=dropout_p)
 
 
+def self_attention(qkv: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+    """Attention of one fused projection's queries, keys and values: qkv (B, T, 3, H, Dh) or
+    (N, 3, H, Dh) -> (B, T, H, Dh) or (N, H, Dh). Packed for SDPA, the three are padded in one
+    gather, not three."""
+    if mask.packed and mask.backend == "sdpa":
+        return _packed_sdpa_self(qkv, mask, dropout_p=dropout_p)
+    q, k, v = qkv.unbind(-3)
+    return attention(q, k, v, mask, dropout_p=dropout_p)
+
+
+def cross_attention(
+    q: torch.Tensor, kv: torch.Tensor, mask: AttentionMask, *, dropout_p: float
+) -> torch.Tensor:
+    """Attention over fused keys and values: q (B, T, H, Dh) or (Nt, H, Dh), kv (B, S, 2, H, Dh) or
+    (Ns, 2, H, Dh). Packed for SDPA, the keys and values are padded in one gather."""
+    if mask.packed and mask.backend == "sdpa":
+        return _packed_sdpa_cross(q, kv, mask, dropout_p=dropout_p)
+    k, v = kv.unbind(-3)
+    return attention(q, k, v, mask, dropout_p=dropout_p)
+
+
+# Eager under torch.compile, as _packed_attention: their inner shapes depend on the samples.
+@torch.compiler.disable
+def _packed_sdpa_self(qkv: torch.Tensor, mask: AttentionMask, *, dropout_p: float) -> torch.Tensor:
+    assert mask.q_packing is not None
+    q, k, v = mask.q_packing.pad(qkv).unbind(2)  # (B, T, H, Dh) each
+    return mask.q_packing.unpad(_sdpa(q, k, v, mask, dropout_p=dropout_p))  # (N, H, Dh)
+
+
+@torch.compiler.disable
+def _packed_sdpa_cross(
+    q: torch.Tensor, kv: torch.Tensor, mask: AttentionMask, *, dropout_p: float
+) -> torch.Tensor:
+    assert mask.q_packing is not None and mask.kv_packing is not None
+    k, v = mask.kv_packing.pad(kv).unbind(2)  # (B, S, H, Dh) each
+    out = _sdpa(mask.q_packing.pad(q), k, v, mask, dropout_p=dropout_p)
+    return mask.q_packing.unpad(out)  # (Nt, H, Dh)
+
+
 @torch.compiler.disable
 def _packed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, dropout_p: float

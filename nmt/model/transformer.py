@@ -42,7 +42,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.config import ModelConfig
-from nmt.model.attention import AttentionMask, Packing, attention, resolve_backend
+from nmt.model.attention import (
+    AttentionMask,
+    Packing,
+    attention,
+    cross_attention,
+    resolve_backend,
+    self_attention,
+)
 
 
 def _embedding(num_embeddings: int, dim: int, *, pad_id: int) -> nn.Embedding:
@@ -193,11 +200,12 @@ class _Attention(nn.Module):
         self.dropout = dropout
         self.out_proj = _linear(dim, dim)
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
-    ) -> torch.Tensor:
-        """q (..., H, Dh), k/v (..., H, Dh) -> (..., D)."""
-        out = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)
+    @property
+    def dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0
+
+    def _project_out(self, out: torch.Tensor) -> torch.Tensor:
+        """(..., H, Dh) -> (..., D)."""
         return self.out_proj(out.flatten(-2))
 
 
@@ -232,10 +240,11 @@ class SelfAttention(_Attention):
     ) -> torch.Tensor:
         """x (B, T, D) or (N, D); with ``cache``, x is one step (B, 1, D) and the cache grows."""
         qkv = self.qkv_proj(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # (..., 3, H, Dh)
-        q, k, v = qkv.unbind(-3)  # (..., H, Dh) each
-        if cache is not None:
-            k, v = cache.append(k, v)
-        return self._attend(q, k, v, mask)
+        if cache is None:
+            return self._project_out(self_attention(qkv, mask, dropout_p=self.dropout_p))
+        q, k, v = qkv.unbind(-3)  # (B, 1, H, Dh) each
+        k, v = cache.append(k, v)
+        return self._project_out(attention(q, k, v, mask, dropout_p=self.dropout_p))
 
 
 class CrossAttention(_Attention):
@@ -247,17 +256,13 @@ class CrossAttention(_Attention):
         self.q_proj = _linear(dim, dim, gain=gain)
         self.kv_proj = KeyBiasFreeLinear(encoder_dim, 2 * dim, num_chunks=2, key_chunk=0, gain=gain)
 
-    def project_kv(self, encoder_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, S, De) or (Ns, De) -> keys, values (..., H, Dh)."""
-        kv = self.kv_proj(encoder_out).unflatten(-1, (2, self.num_heads, self.head_dim))
-        k, v = kv.unbind(-3)
-        return k, v
+    def project_kv(self, encoder_out: torch.Tensor) -> torch.Tensor:
+        """(B, S, De) or (Ns, De) -> keys and values (..., 2, H, Dh), fused."""
+        return self.kv_proj(encoder_out).unflatten(-1, (2, self.num_heads, self.head_dim))
 
-    def forward(
-        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (..., H, Dh)
-        return self._attend(q, k, v, mask)
+        return self._project_out(cross_attention(q, kv, mask, dropout_p=self.dropout_p))
 
     def weights(self, x: torch.Tensor, k: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
         """Attention probabilities averaged over heads, (B, T, S), for queries x (B, T, D) over keys
@@ -353,12 +358,12 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         *,
         self_mask: AttentionMask,
-        cross_kv: tuple[torch.Tensor, torch.Tensor],
+        cross_kv: torch.Tensor,
         cross_mask: AttentionMask,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         x = self.self_attn_block(x, lambda h: self.self_attn(h, self_mask, cache=cache))
-        x = self.cross_attn_block(x, lambda h: self.cross_attn(h, *cross_kv, cross_mask))
+        x = self.cross_attn_block(x, lambda h: self.cross_attn(h, cross_kv, cross_mask))
         return self.ffn_block(x, self.ffn)
 
 
@@ -407,10 +412,8 @@ class Decoder(nn.Module):
         )
         self.start_id = cfg.decoder_start_id
 
-    def project_cross_kv(
-        self, encoder_out: torch.Tensor
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's cross-attention keys/values (..., H, Dh) from the encoder states."""
+    def project_cross_kv(self, encoder_out: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's cross-attention keys and values (..., 2, H, Dh) from the encoder states."""
         return [layer.cross_attn.project_kv(encoder_out) for layer in self.layers]
 
     def forward(
@@ -419,7 +422,7 @@ class Decoder(nn.Module):
         positions: torch.Tensor,
         *,
         self_mask: AttentionMask,
-        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        cross_kv: list[torch.Tensor],
         cross_mask: AttentionMask,
         caches: list[KVCache] | None = None,
     ) -> torch.Tensor:
@@ -456,7 +459,7 @@ class EncoderOut:
 class DecoderState:
     """Everything a decoding step needs; ``reorder`` keeps all of it aligned with the beams."""
 
-    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (B, S, H, Dh) each
+    cross_kv: list[torch.Tensor]  # per layer, keys and values (B, S, 2, H, Dh)
     cross_mask: AttentionMask
     self_caches: list[KVCache]  # per layer
     self_mask: AttentionMask  # all cached keys are visible to the one new query
@@ -464,9 +467,7 @@ class DecoderState:
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select/expand batch rows in place (``index_select`` over batch*beam on every cache)."""
-        self.cross_kv = [
-            (k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv
-        ]
+        self.cross_kv = [kv.index_select(0, index) for kv in self.cross_kv]
         self.cross_mask = self.cross_mask.index_select(index)
         self.reorder_beams(index)
 
@@ -685,10 +686,10 @@ class TransformerModel(nn.Module):
 
         def record(
             module: CrossAttention,
-            args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMask],
+            args: tuple[torch.Tensor, torch.Tensor, AttentionMask],
         ) -> None:
-            x, k, _, mask = args
-            recorded.append(module.weights(x, k, mask))
+            x, kv, mask = args
+            recorded.append(module.weights(x, kv[..., 0, :, :], mask))
 
         handle = cross_attn.register_forward_pre_hook(record)
         try:
