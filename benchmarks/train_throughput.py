@@ -190,7 +190,7 @@ def plain_loop_stepper(trainer, batches: list[np.ndarray]):
         src, prev, target = batch["src_tokens"], batch["prev_output_tokens"], batch["target"]
         source = embed(src) * dim**0.5 + positions[: src.shape[1]]
         decoder_in = embed(prev) * dim**0.5 + positions[: prev.shape[1]]
-        causal = nn.Transformer.generate_square_subsequent_mask(prev.shape[1])
+        causal = torch.ones(prev.shape[1], prev.shape[1], dtype=torch.bool).triu(1)  # True: masked
         hidden = transformer(
             source,
             decoder_in,
