@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Set up a virtual environment and run the test suite (README's second command).
-# torch is installed first, pinned: an unpinned resolve pulls the CUDA build (GBs).
+# Set up a virtual environment, lint, check the formatting and run the test suite (README's second
+# command; .ci/run calls it). torch is installed first, pinned: an unpinned resolve pulls the CUDA
+# build (GBs). Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest -q tests "$@"

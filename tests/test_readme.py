@@ -61,3 +61,5 @@ def test_readme_opens_with_the_two_commands():
         text = (ROOT / script).read_text(encoding="utf-8")
         assert "torch==2.13.0" in text  # pinned before anything pulls an unpinned torch
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    test_script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
+    assert "ruff check ." in test_script and "ruff format --check ." in test_script
