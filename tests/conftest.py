@@ -1,7 +1,11 @@
-"""Small preprocessed datasets shared by the data and training tests."""
+"""Small preprocessed datasets shared by the data and training tests, and the tiny trained model
+shared by the eval and deploy tests (built once per session)."""
 
+import importlib.util
 import os
+import pathlib
 import random
+import sys
 
 import pytest
 
@@ -68,3 +72,25 @@ def two_corpus_data(tmp_path_factory):
         )
     )
     return str(root / "data")
+
+
+def _eval_conftest():
+    """tests/eval/conftest.py as a module: its tiny-model recipe is shared, not copied."""
+    name = "_nmt_tests_eval_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, pathlib.Path(__file__).parent / "eval" / "conftest.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A tiny dataset and a model trained on it (tests/eval/conftest.py), one for every eval and
+    deploy test: training it takes seconds, and a checkpoint is only read by those tests."""
+    eval_conftest = _eval_conftest()
+    with eval_conftest.one_thread():
+        return eval_conftest._make_tiny(tmp_path_factory.mktemp("tiny-model"))
