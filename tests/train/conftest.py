@@ -1,4 +1,3 @@
-import atexit
 import contextlib
 import glob
 import json
@@ -6,8 +5,9 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
+
+from ..conftest import run_forked
 
 # A model small enough that a few updates take well under a second on 2 cores.
 TINY_MODEL_FLAGS = [
@@ -79,111 +79,12 @@ def run_subprocess(args, *, torchrun_procs=None, timeout=300, env_extra=None):
             *args,
         ]
     else:
-        return _zygote().run("nmt_cli.train", args, env=env, timeout=timeout)
+        return run_forked("nmt_cli.train", args, env=env, timeout=timeout)
     with process_group(
         command, timeout=timeout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as process:
         stdout, stderr = process.communicate()
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-# The zygote: a process that has imported nmt_cli.train (torch, torch._dynamo, nmt) once and forks a
-# fresh child per run, which runs the module as `python -m` does. A training run of these tests takes
-# well under a second; the imports took ~3 CPU-seconds of every one of them. The child is a process of
-# its own (own session, environment, stdout/stderr, exit status, signals); only its imports are done.
-# The runs that need a pid or a signal of their own (process_group) and torchrun's ranks start as
-# before, so `python -m nmt_cli.train` itself stays tested from a cold start.
-_ZYGOTE = """
-import json, os, random, runpy, sys
-import numpy
-import nmt_cli.train  # noqa: F401  (the imports each run would repeat)
-
-for line in sys.stdin:
-    request = json.loads(line)
-    pid = os.fork()
-    if pid:
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
-        continue
-    os.setsid()
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        handle = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        os.dup2(handle, fd)
-        os.close(handle)
-    handle = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(handle, 0)
-    os.close(handle)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    random.seed()  # a fresh process draws its own seeds
-    numpy.random.seed()
-    sys.argv = [request["module"], *request["args"]]
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-    sys.exit(0)  # exceptions and SystemExit leave as they leave `python -m`
-"""
-
-
-class _Zygote:
-    def __init__(self):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # read once, when torch loads OpenMP
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _ZYGOTE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-
-    def run(self, module, args, *, env, timeout):
-        assert env.get("OMP_NUM_THREADS") == "1", "the zygote loaded OpenMP with one thread"
-        command = [sys.executable, "-m", module, *args]
-        with tempfile.TemporaryDirectory() as directory:
-            paths = [os.path.join(directory, name) for name in ("stdout", "stderr")]
-            for path in paths:
-                open(path, "w").close()
-            request = dict(
-                module=module,
-                args=[str(a) for a in args],
-                env=env,
-                cwd=os.getcwd(),
-                stdout=paths[0],
-                stderr=paths[1],
-            )
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            pid = json.loads(self.process.stdout.readline())["pid"]
-            watchdog = threading.Timer(timeout, lambda: _kill_session(pid))
-            watchdog.start()
-            try:
-                returncode = json.loads(self.process.stdout.readline())["returncode"]
-            finally:
-                watchdog.cancel()
-                _kill_session(pid)  # what the run left behind (DataLoader workers...)
-            stdout, stderr = (open(path, encoding="utf-8").read() for path in paths)
-        return subprocess.CompletedProcess(command, returncode, stdout, stderr)
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait()
-
-
-def _kill_session(pid):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-_zygotes = []
-
-
-def _zygote():
-    if not _zygotes:
-        _zygotes.append(_Zygote())
-        atexit.register(_zygotes[0].close)
-    return _zygotes[0]
 
 
 @contextlib.contextmanager
