@@ -168,16 +168,21 @@ class _Zygote:
             )
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
-            pid = json.loads(self.process.stdout.readline())["pid"]
+            pid = self._read("pid")
             watchdog = threading.Timer(timeout, lambda: _kill_session(pid))
             watchdog.start()
             try:
-                returncode = json.loads(self.process.stdout.readline())["returncode"]
+                returncode = self._read("returncode")
             finally:
                 watchdog.cancel()
                 _kill_session(pid)  # what the run left behind (DataLoader workers...)
-            stdout, stderr = (open(path, encoding="utf-8").read() for path in paths)
+            stdout, stderr = (pathlib.Path(path).read_text(encoding="utf-8") for path in paths)
         return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+    def _read(self, key):
+        line = self.process.stdout.readline()
+        assert line, f"the zygote exited ({self.process.poll()}); its stderr is the test's"
+        return json.loads(line)[key]
 
     def close(self):
         self.process.stdin.close()
