@@ -1,14 +1,23 @@
-"""Time to build the blended index for 1,000 corpora at 100M / 500M / 1B samples, peak memory,
-cost per sample (linear growth), and the greedy O(N k) reference loop vs our allocation.
+"""The blended index (1,000 corpora) built by nmt.data.blend next to the simplest correct version,
+in one run, side by side: wall and CPU seconds, peak memory, and the ratios.
 
-"build s" is a fresh process: it includes faulting in the output's pages, which on our VMs costs
-1 to 3 s per GB depending on the host ("first-touch floor"). "build, mapped memory" is the next
-epoch built into the same arrays: the index computation alone.
+- ours:        nmt.data.blend.build_blend_index (largest-remainder counts, affine passes, blocks
+               permuted by a keyed bijection, threads)
+- rank-half:   what one of 2 ranks builds (its half of the blocks, then saved as a part file)
+- simple:      np.repeat of the same per-corpus counts; each whole pass over a corpus a fresh
+               rng.permutation, the last partial one rng.choice without replacement; then one
+               permutation of the whole epoch applied to both arrays in place (Fisher-Yates twice
+               from the same generator state: the output is the only memory of size N). The same
+               counts and passes as ours; every rank builds the whole index.
 
-    .venv/bin/python benchmarks/blend.py                      # 100M, 500M, 1B (needs ~8 GB free)
-    .venv/bin/python benchmarks/blend.py --samples 100M,500M   # skip the 1B case
+Each case runs in a fresh subprocess, so its peak RSS (ru_maxrss) and first-touch page faults are
+its own; "CPU s" counts all threads.
 
-Each size runs in a fresh subprocess so that its peak RSS (ru_maxrss) is its own.
+    .venv/bin/python benchmarks/blend.py                        # 10M, 100M, 1B (~7 GB free)
+    .venv/bin/python benchmarks/blend.py --samples 10M,100M     # skip the 1B case
+
+The greedy O(N k) allocation loop of the first version is timed at --reference-samples and
+extrapolated (the README's reference row).
 """
 
 from __future__ import annotations
@@ -23,14 +32,16 @@ import time
 
 import numpy as np
 
+from nmt.data import blend
 from nmt.data.blend import (
     allocate_samples,
     build_blend_index,
-    fill_blocks,
     make_plan,
     normalize_weights,
     weights_from_temperature,
 )
+
+MODES = ("ours", "rank-half", "simple")
 
 
 def corpora(num_corpora: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,46 +57,42 @@ def parse_count(text: str) -> int:
     return int(float(text[:-1]) * scale[text[-1]]) if text[-1] in scale else int(text)
 
 
-def child(num_samples: int, num_corpora: int, num_threads: int | None) -> None:
+def simple_blend_index(
+    sizes: np.ndarray, weights: np.ndarray, num_samples: int, *, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    counts = allocate_samples(normalize_weights(weights, num_corpora=sizes.shape[0]), num_samples)
+    rng = np.random.default_rng([seed, epoch])
+    corpus_ids = np.repeat(np.arange(sizes.shape[0], dtype=np.uint16), counts)
+    sample_ids = np.empty(num_samples, dtype=np.int32)
+    start = 0
+    for size, count in zip(sizes.tolist(), counts.tolist()):
+        for _ in range(count // size):  # whole passes, each in an order of its own
+            sample_ids[start : start + size] = rng.permutation(size)
+            start += size
+        rest = count % size  # then a subset without replacement
+        sample_ids[start : start + rest] = rng.choice(size, rest, replace=False)
+        start += rest
+    state = rng.bit_generator.state
+    rng.shuffle(corpus_ids)
+    rng.bit_generator.state = state  # the same swaps: one permutation of both arrays
+    rng.shuffle(sample_ids)
+    return corpus_ids, sample_ids
+
+
+def child(mode: str, num_samples: int, num_corpora: int) -> None:
     sizes, weights = corpora(num_corpora)
     start, start_cpu = time.perf_counter(), time.process_time()
-    corpus_ids, sample_ids = build_blend_index(
-        sizes, weights, num_samples, seed=0, epoch=0, num_threads=num_threads
-    )
+    if mode == "simple":
+        corpus_ids, _ = simple_blend_index(sizes, weights, num_samples, seed=0, epoch=0)
+    elif mode == "rank-half":
+        plan = make_plan(sizes, weights, num_samples, seed=0, epoch=0)
+        corpus_ids, _ = blend._build_rank_part(plan, rank=0, world_size=2, num_threads=None)
+    else:
+        corpus_ids, _ = build_blend_index(sizes, weights, num_samples, seed=0, epoch=0)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
-    assert corpus_ids.shape == (num_samples,)
-    # The next epoch into the same arrays: the build without first-touch page faults, as for a
-    # process whose memory is already mapped.
-    start = time.perf_counter()
-    plan = make_plan(sizes, weights, num_samples, seed=0, epoch=1)
-    fill_blocks(
-        plan,
-        corpus_ids,
-        sample_ids,
-        first_block=0,
-        last_block=plan.num_blocks,
-        num_threads=num_threads or os.cpu_count() or 1,
-    )
-    mapped_seconds = time.perf_counter() - start
-    peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    output_bytes = corpus_ids.nbytes + sample_ids.nbytes
-    # The floor under any build: writing the output's bytes into fresh memory. On our VMs first
-    # touch is slow and varies with load, so measure it here, after the build (1 GB, scaled).
-    start = time.perf_counter()
-    np.zeros(2**30, dtype=np.uint8)[::4096] = 1
-    touch = (time.perf_counter() - start) * output_bytes / 2**30
-    print(
-        json.dumps(
-            {
-                "seconds": seconds,
-                "mapped": mapped_seconds,
-                "cpu": cpu_seconds,
-                "peak": peak_bytes,
-                "output": output_bytes,
-                "touch": touch,
-            }
-        )
-    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # (the counts and passes of both are checked by tests/data/test_blend.py's invariants)
+    print(json.dumps({"seconds": seconds, "cpu": cpu_seconds, "peak": peak, "n": len(corpus_ids)}))
 
 
 def greedy_reference(weights: np.ndarray, num_samples: int) -> np.ndarray:
@@ -101,77 +108,61 @@ def greedy_reference(weights: np.ndarray, num_samples: int) -> np.ndarray:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", default="100M,500M,1B")
+    parser.add_argument("--samples", default="10M,100M,1B")
     parser.add_argument("--corpora", type=int, default=1000)
-    parser.add_argument("--reference-samples", default="200K")
-    parser.add_argument("--threads", type=int, default=None, help="default: all cores")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"any of {', '.join(MODES)}")
+    parser.add_argument("--reference-samples", default="200K", help="0: skip the greedy loop")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-samples", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.child, args.corpora, args.threads)
+        child(args.child, args.child_samples, args.corpora)
         return
 
-    sizes, weights = corpora(args.corpora)
-    print(f"{args.corpora} corpora, sizes 1e4..1e7 (sum {sizes.sum():,}), temperature-5 weights")
-    # CPU seconds (all threads) next to wall time: the machine is shared, so wall time alone
-    # mixes our cost with other people's load.
+    sizes, _ = corpora(args.corpora)
     print(
-        f"{'samples':>14} {'build s':>8} {'CPU s':>7} {'ns/sample':>10} {'peak RSS GB':>12} "
-        f"{'output GB':>10} {'first-touch floor s':>20} {'build, mapped memory s':>23}"
+        f"{args.corpora} corpora, sizes 1e4..1e7 (sum {sizes.sum():,}), temperature-5 weights; "
+        f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start"
     )
-    per_sample = []
+    print(
+        f"{'samples':>14}  {'case':<20} {'wall s':>8} {'CPU s':>8} {'peak GB':>8} "
+        f"{'wall / ours':>12} {'CPU / ours':>11}"
+    )
+    modes = args.modes.split(",")
     for num_samples in map(parse_count, args.samples.split(",")):
-        print(f"  building {num_samples:,} ...", file=sys.stderr, flush=True)
-        command = [sys.executable, __file__, "--child", str(num_samples)]
-        command += ["--corpora", str(args.corpora)]
-        command += [] if args.threads is None else ["--threads", str(args.threads)]
-        result = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
-        per_sample.append(
-            (
-                num_samples,
-                result["seconds"] / num_samples * 1e9,
-                result["mapped"] / num_samples * 1e9,
+        ours = None
+        for mode in modes:
+            print(f"  {mode} at {num_samples:,} ...", file=sys.stderr, flush=True)
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--child-samples",
+                str(num_samples),
+            ]
+            command += ["--corpora", str(args.corpora)]
+            result = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
+            assert result["n"] == num_samples or mode == "rank-half"
+            ours = ours or result
+            print(
+                f"{num_samples:>14,}  {mode:<20} {result['seconds']:>8.2f} {result['cpu']:>8.2f} "
+                f"{result['peak'] / 1e9:>8.2f} {result['seconds'] / ours['seconds']:>11.2f}x "
+                f"{result['cpu'] / ours['cpu']:>10.2f}x",
+                flush=True,
             )
-        )
-        print(
-            f"{num_samples:>14,} {result['seconds']:>8.2f} {result['cpu']:>7.2f} "
-            f"{per_sample[-1][1]:>10.2f} "
-            f"{result['peak'] / 1e9:>12.2f} {result['output'] / 1e9:>10.2f} "
-            f"{result['touch']:>20.2f} {result['mapped']:>23.2f}"
-        )
-    print(
-        "linear growth (ns per sample at each N, fresh process / mapped memory; flat = linear): "
-        + ", ".join(f"{n / 1e6:g}M: {ns:.2f} / {mapped:.2f}" for n, ns, mapped in per_sample)
-    )
 
     num_samples = parse_count(args.reference_samples)
-    normalized = normalize_weights(weights, num_corpora=args.corpora)
+    if not num_samples:
+        return
+    normalized = normalize_weights(corpora(args.corpora)[1], num_corpora=args.corpora)
     start = time.perf_counter()
     reference = greedy_reference(normalized, num_samples)
     reference_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    ours = allocate_samples(normalized, num_samples)
-    ours_seconds = time.perf_counter() - start
-    assert np.array_equal(ours, reference), "allocation differs from the greedy reference"
-    start = time.perf_counter()
-    build_blend_index(sizes, weights, num_samples, seed=0, epoch=0, num_threads=args.threads)
-    build_seconds = time.perf_counter() - start
+    assert np.array_equal(allocate_samples(normalized, num_samples), reference)
     print(
-        f"greedy reference vs ours at {num_samples:,} samples x {args.corpora} corpora "
-        "(same counts):"
-    )
-    print(
-        f"  reference allocation loop {reference_seconds:.2f} s, our allocation "
-        f"{ours_seconds * 1e3:.2f} ms: {reference_seconds / ours_seconds:,.0f}x"
-    )
-    print(
-        f"  reference allocation loop vs our whole index (allocation + samples + order) "
-        f"{build_seconds * 1e3:.1f} ms: {reference_seconds / build_seconds:,.0f}x"
-    )
-    extrapolated = reference_seconds * 1e9 / num_samples
-    print(
-        f"  reference extrapolated to 1B samples (linear in N at fixed k): "
-        f"{extrapolated / 3600:.1f} h"
+        f"greedy allocation loop at {num_samples:,} samples: {reference_seconds:.2f} s (the same "
+        f"counts as ours), extrapolated to 1B: {reference_seconds * 1e9 / num_samples / 3600:.1f} h"
     )
 
 

@@ -1,6 +1,6 @@
 """nmt-preprocess at scale: pairs/s and peak memory (summed PSS of all processes), side by side.
 
-    python benchmarks/preprocess.py --pairs 10M [--workdir /tmp/nmt-bench] [--steps given,threads,dedup,train-gz,sharded,in-memory]
+    python benchmarks/preprocess.py --pairs 10M [--workdir /tmp/nmt-bench] [--steps given,threads,dedup,train-gz,sharded,sharded-merged,in-memory]
 
 Builds a synthetic corpus from the bundled Multi30k (training pairs joined 1-3 at a time, both sides
 alike, so it stays parallel) once under --workdir and reuses it. Then runs `nmt-preprocess` as a
@@ -12,6 +12,8 @@ subprocess, sampling the PSS of it and its worker processes every 0.5 s:
              most of those repeat)
 - train-gz:  --gz-pairs pairs (default 1M), gzip text, SentencePiece trained (reservoir sample)
 - sharded:   the `given` corpus in --shards parts under torchrun (one rank per part), as the 1B plan runs it
+- sharded-merged: the same with --merge-parts: the simplest sharded version's output (the parts
+             concatenated into one file per split and side, training never sees parts)
 - in-memory: what nmt-preprocess did before streaming (as in the issue): every line read and encoded
              into Python lists before writing (on --in-memory-pairs pairs; its memory grows with them)
 
@@ -193,7 +195,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/nmt-bench")
-    parser.add_argument("--steps", default="given,threads,dedup,train-gz,sharded,in-memory")
+    parser.add_argument(
+        "--steps", default="given,threads,dedup,train-gz,sharded,sharded-merged,in-memory"
+    )
     parser.add_argument(
         "--keep", action="store_true", help="keep the datasets (data-given is kept always)"
     )
@@ -285,7 +289,12 @@ def main() -> None:
         )
         if not args.keep:
             shutil.rmtree(destdir, ignore_errors=True)
-    if "sharded" in steps:
+    for step, extra, what in (
+        ("sharded", [], "parts, read as one corpus"),
+        ("sharded-merged", ["--merge-parts"], "parts concatenated by the last rank"),
+    ):
+        if step not in steps:
+            continue
         destdir = os.path.join(args.workdir, "data-sharded")
         command = [
             sys.executable,
@@ -295,19 +304,19 @@ def main() -> None:
             str(args.shards),
             "-m",
             *preprocess_command(plain, destdir, "--spm-model", spm_model, "--workers", "1")[2:],
+            *extra,
         ]
         seconds, cpu, peak, _ = run_measured(command, env={**env, "OMP_NUM_THREADS": "1"})
         rows.append(
             (
-                f"given model, plain text, torchrun {args.shards} ranks x 1 process (parts)",
+                f"given model, plain text, torchrun {args.shards} ranks x 1 process ({what})",
                 args.pairs,
                 seconds,
                 cpu,
                 peak,
             )
         )
-        if not args.keep:
-            shutil.rmtree(destdir, ignore_errors=True)
+        shutil.rmtree(destdir, ignore_errors=True)
     if "train-gz" in steps:
         gz = os.path.join(args.workdir, f"synthetic-{args.gz_pairs}-gz")
         build_corpus(gz, args.gz_pairs, compress=True, seed=1)
@@ -380,6 +389,15 @@ def main() -> None:
         print(
             f"worker processes vs SentencePiece threads, wall clock: {processes[0] / threads[0]:.2f}x pairs/s"
         )
+    cpus = {name: cpu for name, _, _, cpu, _ in rows}
+    parts = [name for name in rates if name.endswith("(parts, read as one corpus)")]
+    merged = [name for name in rates if name.endswith("(parts concatenated by the last rank)")]
+    for other in [name for name in rates if name.endswith("worker processes")] + merged:
+        for name in parts:
+            print(
+                f"sharded parts vs {other}: {rates[name] / rates[other]:.2f}x pairs/s, "
+                f"{cpus[other] / cpus[name]:.2f}x fewer CPU-s"
+            )
 
 
 if __name__ == "__main__":

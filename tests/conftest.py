@@ -1,7 +1,17 @@
-"""Small preprocessed datasets shared by the data and training tests."""
+"""Small preprocessed datasets shared by the data and training tests, and the tiny trained model
+shared by the eval and deploy tests (built once per session)."""
 
+import atexit
+import importlib.util
+import json
 import os
+import pathlib
 import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 
 import pytest
 
@@ -68,6 +78,133 @@ def two_corpus_data(tmp_path_factory):
         )
     )
     return str(root / "data")
+
+
+def _eval_conftest():
+    """tests/eval/conftest.py as a module: its tiny-model recipe is shared, not copied."""
+    name = "_nmt_tests_eval_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, pathlib.Path(__file__).parent / "eval" / "conftest.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A tiny dataset and a model trained on it (tests/eval/conftest.py), one for every eval and
+    deploy test: training it takes seconds, and a checkpoint is only read by those tests."""
+    eval_conftest = _eval_conftest()
+    with eval_conftest.one_thread():
+        return eval_conftest._make_tiny(tmp_path_factory.mktemp("tiny-model"))
+
+
+# The zygote: a process that has imported nmt_cli.train (torch, torch._dynamo, nmt) once and forks a
+# fresh child per run, which runs the module as `python -m` does. A training run of these tests takes
+# well under a second; the imports took ~3 CPU-seconds of every one of them. The child is a process of
+# its own (own session, environment, stdout/stderr, exit status, signals); only its imports are done.
+# The runs that need a pid or a signal of their own (process_group) and torchrun's ranks start as
+# before, so `python -m nmt_cli.train` itself stays tested from a cold start.
+_ZYGOTE = """
+import json, os, random, runpy, sys
+import numpy
+import nmt_cli.train  # noqa: F401  (the imports each run would repeat)
+
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid:
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+        continue
+    os.setsid()
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        handle = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(handle, fd)
+        os.close(handle)
+    handle = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(handle, 0)
+    os.close(handle)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    random.seed()  # a fresh process draws its own seeds
+    numpy.random.seed()
+    sys.argv = [request["module"], *request["args"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    sys.exit(0)  # exceptions and SystemExit leave as they leave `python -m`
+"""
+
+
+class _Zygote:
+    def __init__(self):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # read once, when torch loads OpenMP
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _ZYGOTE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def run(self, module, args, *, env, timeout):
+        assert env.get("OMP_NUM_THREADS") == "1", "the zygote loaded OpenMP with one thread"
+        command = [sys.executable, "-m", module, *args]
+        with tempfile.TemporaryDirectory() as directory:
+            paths = [os.path.join(directory, name) for name in ("stdout", "stderr")]
+            for path in paths:
+                open(path, "w").close()
+            request = dict(
+                module=module,
+                args=[str(a) for a in args],
+                env=env,
+                cwd=os.getcwd(),
+                stdout=paths[0],
+                stderr=paths[1],
+            )
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            pid = self._read("pid")
+            watchdog = threading.Timer(timeout, lambda: _kill_session(pid))
+            watchdog.start()
+            try:
+                returncode = self._read("returncode")
+            finally:
+                watchdog.cancel()
+                _kill_session(pid)  # what the run left behind (DataLoader workers...)
+            stdout, stderr = (pathlib.Path(path).read_text(encoding="utf-8") for path in paths)
+        return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+    def _read(self, key):
+        line = self.process.stdout.readline()
+        assert line, f"the zygote exited ({self.process.poll()}); its stderr is the test's"
+        return json.loads(line)[key]
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def _kill_session(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+_zygotes = []
+
+
+def run_forked(module, args, *, env, timeout=300):
+    """`python -m module *args` as a CompletedProcess (text), the child forked from the zygote."""
+    if not _zygotes:
+        _zygotes.append(_Zygote())
+        atexit.register(_zygotes[0].close)
+    return _zygotes[0].run(module, args, env=env, timeout=timeout)
 
 
 def pytest_collection_modifyitems(config, items):

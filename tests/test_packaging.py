@@ -1,9 +1,12 @@
-"""The package as pip and PyPI see it: every package directory is installed, and the sdist holds
-the sources, README, LICENSE and build files only (no egg-info, tests or data), and builds a wheel."""
+"""The package as pip and PyPI see it: every package directory is installed, the sdist holds the
+sources, README, LICENSE and build files only (no tests or data) and builds a wheel, and no build
+(sdist, wheel, editable: `pip install .`, `pip install -e .`) prints a packaging warning."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +16,10 @@ import zipfile
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-BUILD = "import sys; sys.path.insert(0, 'tools'); import build_backend; print(getattr(build_backend, sys.argv[1])(sys.argv[2]))"
+BUILD = "import sys; from setuptools import build_meta; print(getattr(build_meta, sys.argv[1])(sys.argv[2]))"
+# Python's warning lines (path.py:215: SomeWarning: ..., InformationOnly included: pip prints those
+# too) and distutils' (warning: no files found matching ...)
+WARNING = re.compile(r"^\S+\.py:\d+: \w+: .*$|^.*\bwarning\b.*$", flags=re.I | re.M)
 
 
 def installed_packages() -> list[str]:
@@ -24,9 +30,10 @@ def installed_packages() -> list[str]:
 
 
 def test_every_package_directory_is_listed_in_pyproject() -> None:
-    on_disk = {
+    on_disk = {  # data directories too: setuptools warns about one left out (nmt.deploy.static)
         ".".join(path.parent.relative_to(ROOT).parts)
-        for path in (ROOT / "nmt").rglob("__init__.py")
+        for path in (ROOT / "nmt").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
     }
     listed = set(installed_packages())
     assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
@@ -52,11 +59,20 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
     dist = tmp_path / "dist"
     dist.mkdir()
 
+    # PYTHONDONTWRITEBYTECODE (set on some machines) makes distutils warn that it skips byte-compiling
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+
     def build(hook: str, cwd: pathlib.Path) -> str:
         result = subprocess.run(
-            [sys.executable, "-c", BUILD, hook, str(dist)], cwd=cwd, capture_output=True, text=True
+            [sys.executable, "-c", BUILD, hook, str(dist)],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env=env,
         )
         assert result.returncode == 0, result.stderr[-3000:]
+        # what pip shows a user: the backend's Python warnings (pip >= 24 prints them)
+        assert WARNING.findall(result.stdout + result.stderr) == [], f"{hook} in {cwd}"
         return result.stdout.strip().splitlines()[-1]
 
     sdist = dist / build("build_sdist", checkout)
@@ -70,14 +86,23 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
     expected = sources | {
         "PKG-INFO",
         "pyproject.toml",
+        "setup.py",
         "README.md",
         "LICENSE",
         "MANIFEST.in",
-        "tools/build_backend.py",
+        "setup.cfg",  # setuptools' own, as in every setuptools sdist, and its egg-info below
     }
-    assert sorted(names) == sorted(expected)  # no egg-info, setup.cfg, tests, data, benchmarks...
+    metadata = {name for name in names if name.startswith("nmt.egg-info/")}
+    assert sorted(set(names) - metadata) == sorted(expected)  # no tests, data, benchmarks...
 
     wheel = dist / build("build_wheel", next((tmp_path / "unpacked").iterdir()))
+    # `pip install .` builds the wheel from the checkout, `pip install -e .` an editable one
+    from_checkout = dist / build("build_wheel", checkout)
+    editable = dist / build("build_editable", checkout)
+    with zipfile.ZipFile(from_checkout) as archive:
+        checkout_contents = set(archive.namelist())
+    with zipfile.ZipFile(editable) as archive:
+        assert any(name.endswith(".pth") for name in archive.namelist())
     with zipfile.ZipFile(wheel) as archive:
         contents = set(archive.namelist())
         metadata = archive.read(
@@ -93,7 +118,8 @@ def test_sdist_is_clean_and_builds_a_complete_wheel(tmp_path) -> None:
         "nmt/eval/ensemble.py",
         "nmt/deploy/static/index.html",
     } <= contents
-    assert not any(name.startswith(("cli/", "tests/", "tools/")) for name in contents)
+    assert checkout_contents == contents
+    assert not any(name.startswith(("cli/", "tests/", "benchmarks/")) for name in contents)
     assert "License-Expression: MIT" in metadata and "Provides-Extra: plot" in metadata
     assert (
         "Requires-Dist: tensorboard" in metadata and 'extra == "tensorboard"' in metadata

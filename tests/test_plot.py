@@ -14,6 +14,8 @@ import pytest
 from nmt.plot import read_curves
 from nmt_cli.plot import main
 
+from .conftest import run_forked
+
 TINY_MODEL = [
     "--encoder-layers",
     "1",
@@ -39,10 +41,7 @@ TINY_MODEL = [
 def training_run(tiny_data, tmp_path_factory):
     """12 updates, validated (loss and BLEU) every 4, logged as JSON lines and to TensorBoard."""
     root = tmp_path_factory.mktemp("run")
-    command = [
-        sys.executable,
-        "-m",
-        "nmt_cli.train",
+    args = [
         tiny_data,
         "--save-dir",
         str(root / "ckpt"),
@@ -66,13 +65,7 @@ def training_run(tiny_data, tmp_path_factory):
         str(root / "tb"),
         *TINY_MODEL,
     ]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    result = run_forked("nmt_cli.train", args, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     log = root / "train.log"
     log.write_text(

@@ -5,6 +5,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TORCHRUN_FLAGS = {"--nproc_per_node", "--max-restarts", "--rdzv-backend", "--rdzv-endpoint"}
+RUFF_FLAGS = {"--check"}
 
 
 def parser_options():
@@ -50,7 +51,9 @@ def benchmark_options():
 
 def test_every_documented_flag_exists():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9_-]*", readme)) - TORCHRUN_FLAGS
+    documented = (
+        set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9_-]*", readme)) - TORCHRUN_FLAGS - RUFF_FLAGS
+    )
     missing = sorted(documented - parser_options() - recipe_options() - benchmark_options())
     assert not missing, f"README documents flags no command has: {missing}"
 
@@ -63,3 +66,5 @@ def test_readme_opens_with_the_two_commands():
         text = (ROOT / script).read_text(encoding="utf-8")
         assert "torch==2.13.0" in text  # pinned before anything pulls an unpinned torch
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    test_script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
+    assert "ruff check ." in test_script and "ruff format --check ." in test_script

@@ -27,17 +27,12 @@ is not uniform over all N! orders (step 2 is affine per corpus, pass and epoch).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
 import hashlib
 import json
 import math
-import mmap
 import os
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,10 +237,9 @@ def _build_rank_part(
     lo, hi = int(plan.block_starts[first]), int(plan.block_starts[last])
     corpus_part, sample_part = _allocate(hi - lo, plan.sample_dtype)
     threads = _threads(num_threads, last - first)
-    with _prefaulting([corpus_part, sample_part], num_streams=threads):
-        fill_blocks(
-            plan, corpus_part, sample_part, first_block=first, last_block=last, num_threads=threads
-        )
+    fill_blocks(
+        plan, corpus_part, sample_part, first_block=first, last_block=last, num_threads=threads
+    )
     return corpus_part, sample_part
 
 
@@ -623,68 +617,6 @@ def _allocate(num_samples: int, sample_dtype: np.dtype) -> tuple[CorpusIds, Samp
     # zeros, not empty: numpy asks for huge pages on large np.empty arrays, and faulting those in
     # was 30x slower than calloc's pages on our VMs (1 s vs 0.03 s per 200 MB).
     return np.zeros(num_samples, dtype=np.uint16), np.zeros(num_samples, dtype=sample_dtype)
-
-
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable, contents untouched
-_PREFAULT_CHUNK = 32 << 20
-
-
-@contextlib.contextmanager
-def _prefaulting(arrays: list[np.ndarray], *, num_streams: int) -> Iterator[None]:
-    """Fault fresh output pages in from a helper thread while the block threads compute.
-
-    First touch of fresh memory cost 1 to 3 s per GB on our VMs, as much as the computation at
-    1B samples; done here, the faults overlap it (``benchmarks/blend.py --samples 1B``, three
-    fresh processes each, alternating: median 7.8 vs 9.2 s, noisy). The thread walks
-    each of ``num_streams`` equal ranges from its start, as the block threads write them, and
-    MADV_POPULATE_WRITE leaves contents alone, so racing the writers is harmless. Where the call
-    is unavailable (other OS, old kernel) the writers fault the pages in themselves, as before.
-    """
-    big = [a for a in arrays if a.nbytes >= 4 * _PREFAULT_CHUNK]
-    madvise = _libc_madvise() if big else None
-    if madvise is None:
-        yield
-        return
-    done = threading.Event()
-
-    def walk() -> None:
-        ranges = []
-        for array in big:
-            base, size = array.ctypes.data, array.nbytes
-            bounds = [base + size * i // num_streams for i in range(num_streams + 1)]
-            ranges += list(zip(bounds[:-1], bounds[1:]))
-        offset = 0
-        while not done.is_set() and any(lo + offset < hi for lo, hi in ranges):
-            for lo, hi in ranges:
-                start = lo + offset
-                start -= start % mmap.PAGESIZE  # madvise takes page-aligned starts
-                if start < hi and madvise(
-                    start, min(_PREFAULT_CHUNK, hi - start), _MADV_POPULATE_WRITE
-                ):
-                    return  # not supported here
-            offset += _PREFAULT_CHUNK
-
-    helper = threading.Thread(target=walk, name="blend-prefault", daemon=True)
-    helper.start()
-    try:
-        yield
-    finally:
-        done.set()
-        helper.join()
-
-
-@functools.lru_cache(maxsize=1)
-def _libc_madvise() -> Callable[[int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:

@@ -294,13 +294,3 @@ def test_a_part_this_rank_cannot_see_is_built_here(tmp_path):
     expected = build_blend_index(sizes, weights, num_samples, seed=3, epoch=0)
     np.testing.assert_array_equal(corpus_ids, expected[0])
     np.testing.assert_array_equal(sample_ids, expected[1])
-
-
-def test_prefaulting_never_changes_what_the_writers_wrote():
-    # Big enough to be prefaulted; the writer races the helper thread over the same pages.
-    array = np.zeros(200 << 20, dtype=np.uint8)
-    pattern = np.arange(array.size // 4096, dtype=np.uint8)
-    with blend._prefaulting([array], num_streams=2):
-        array[::4096] = pattern
-    np.testing.assert_array_equal(array[::4096], pattern)
-    assert np.count_nonzero(array) == np.count_nonzero(pattern)

@@ -16,6 +16,8 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.preprocess import preprocess
 
+from ..conftest import run_forked
+
 # --import-mode=importlib keeps test folders off sys.path
 sys.path.insert(0, os.path.dirname(__file__))
 from _corpora import random_pairs, write_corpus  # noqa: E402
@@ -124,10 +126,7 @@ def test_parts_read_as_the_single_process_corpus(datasets):
 def test_training_losses_are_the_same_on_parts(datasets, tmp_path):
     losses = []
     for name in ("single", "sharded"):
-        command = [
-            sys.executable,
-            "-m",
-            "nmt_cli.train",
+        args = [
             str(datasets / name),
             "--save-dir",
             str(tmp_path / name),
@@ -160,7 +159,7 @@ def test_training_losses_are_the_same_on_parts(datasets, tmp_path):
             "2",
             "--share-all-embeddings",
         ]
-        result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+        result = run_forked("nmt_cli.train", args, env=ENV)
         assert result.returncode == 0, result.stderr[-3000:]
         records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
         losses.append(

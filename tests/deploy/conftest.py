@@ -1,30 +1,17 @@
-"""The tiny trained model of tests/eval (a checkpoint of ours) and its CTranslate2 export."""
+"""The CTranslate2 export of the tiny trained model (tests/conftest.py's `tiny`, a checkpoint of ours)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
 import sys
 from collections.abc import Iterator
 
 import pytest
 
+from ..conftest import _eval_conftest
+
 # --import-mode=importlib keeps test folders off sys.path: the tests import _serve_helpers through this.
 sys.path.insert(0, os.path.dirname(__file__))
-
-
-def _eval_conftest():
-    """tests/eval/conftest.py as a module: its tiny-model recipe is shared, not copied."""
-    name = "_nmt_tests_eval_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, pathlib.Path(__file__).parent.parent / "eval" / "conftest.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file runs
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 eval_conftest = _eval_conftest()
@@ -36,12 +23,6 @@ TinySetup = eval_conftest.TinySetup
 def _one_thread() -> Iterator[None]:
     with one_thread():
         yield
-
-
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinySetup:
-    with one_thread():
-        return eval_conftest._make_tiny(tmp_path_factory.mktemp("deploy"))
 
 
 @pytest.fixture(scope="session")

@@ -134,10 +134,8 @@ class TinySetup:
     test_tgt: list[str]
 
 
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinySetup:
-    with one_thread():
-        return _make_tiny(tmp_path_factory.mktemp("eval"))
+# The session fixture `tiny` (a TinySetup from _make_tiny) is in tests/conftest.py: the deploy tests
+# share the same model.
 
 
 def _make_tiny(root: pathlib.Path) -> TinySetup:

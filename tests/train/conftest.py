@@ -7,6 +7,8 @@ import subprocess
 import sys
 import threading
 
+from ..conftest import run_forked
+
 # A model small enough that a few updates take well under a second on 2 cores.
 TINY_MODEL_FLAGS = [
     "--encoder-layers",
@@ -77,7 +79,7 @@ def run_subprocess(args, *, torchrun_procs=None, timeout=300, env_extra=None):
             *args,
         ]
     else:
-        command = [sys.executable, "-m", "nmt_cli.train", *args]
+        return run_forked("nmt_cli.train", args, env=env, timeout=timeout)
     with process_group(
         command, timeout=timeout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as process:
