@@ -5,12 +5,15 @@
 
 Model: 3+3 layers, 256 dim, FFN 1024, 4 heads, shared embeddings, 8k joint SentencePiece
 vocabulary, --max-tokens 4096, fp32, dropout 0.1: the fairseq reference setting.
-Rows: the reference, a plain PyTorch loop (``nn.Transformer``, ``F.cross_entropy``, Adam) on
-shuffled batches cut under the padded budget; our update step on the same batches, padded + our
-sampler, packed + our sampler, each also with --compile (static shapes; warm-up time reported
-separately, steady state measured); then nmt-train as a process, 1 x 2 threads and 2 x 1
-(torchrun, gloo), and the same nmt-train runs of another checkout (--baseline-tree) alternating
-with this one's: before/after a change in one run.
+Two sections, each against a plain PyTorch loop (``nn.Transformer``, ``F.cross_entropy``, Adam, on
+shuffled batches cut under the padded budget) measured the same way in the same run:
+- in one process, the update step only, the rows taking turns update by update (load from other
+  processes falls on all alike): the plain loop, our step on its batches, padded + our sampler,
+  packed + our sampler; each also with --compile unless --skip-compile (warm-up reported apart);
+- whole processes taking turns, --repeats rounds, medians: the plain loop in a process of its own,
+  nmt-train 1 x 2 threads and 2 x 1 (torchrun, gloo), their throughput read from nmt-train's own
+  log records after --warmup updates; with --baseline-tree, another checkout's nmt-train beside this
+  one's (before/after a change in one run).
 """
 
 from __future__ import annotations
@@ -348,26 +351,68 @@ def nmt_train_tokens_per_second(tree: str, procs: int, args: argparse.Namespace)
     return sum(r["ntokens"] for r in timed) / seconds
 
 
+def plain_process_tokens_per_second(args: argparse.Namespace) -> float:
+    """The plain PyTorch loop in a process of its own (2 threads), as nmt-train runs."""
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--plain-child",
+        "--updates",
+        str(args.updates),
+        "--warmup",
+        str(args.warmup),
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"}
+    )
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return float(json.loads(result.stdout.strip().splitlines()[-1])["tokens_per_second"])
+
+
+def plain_child(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = make_trainer(tmp, "--layout", "padded")
+        batches = random_batches(trainer, seed=1)[: args.warmup + args.updates]
+        stepper = plain_loop_stepper(trainer, batches)
+        rate, _ = measure_interleaved({"plain": stepper}, warmup=args.warmup, updates=args.updates)[
+            "plain"
+        ]
+        trainer.close()
+    print(json.dumps({"tokens_per_second": rate}))
+
+
 def process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, str]]:
-    """nmt-train as a process, 1 x 2 threads and 2 x 1 (torchrun); with --baseline-tree, the same
-    runs of that tree alternate with this one's (median of --repeats), and the ratio is printed."""
+    """Processes taking turns, --repeats rounds (medians): the plain loop, then nmt-train 1 x 2
+    threads and 2 x 1 (torchrun); with --baseline-tree, that tree's nmt-train runs beside this
+    one's, and the ratio is printed."""
     trees = [("", ROOT)] + ([(" [baseline]", args.baseline_tree)] if args.baseline_tree else [])
-    rows = []
-    for procs in (1, 2):
-        measured: dict[str, list[float]] = {label: [] for label, _ in trees}
-        for _ in range(args.repeats):
+    runs: dict[str, list[float]] = {}
+    plain = "plain PyTorch loop, a process (2 threads)"
+    for _ in range(args.repeats):
+        runs.setdefault(plain, []).append(plain_process_tokens_per_second(args))
+        for procs in (1, 2):
+            name = f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)"
             for label, tree in trees:
-                measured[label].append(nmt_train_tokens_per_second(tree, procs, args))
-        name = f"{procs} process{'es' if procs > 1 else ''} x {2 // procs} thread{'s' if procs == 1 else ''} (nmt-train)"
-        for label, _ in trees:
-            runs = measured[label]
-            note = f"{args.process_layout} + our sampler; runs: " + ", ".join(
-                f"{r:,.0f}" for r in runs
-            )
-            rows.append((name + label, float(np.median(runs)), float("nan"), note))
-            print(f"  {rows[-1][0]}: {rows[-1][1]:,.0f} tok/s", flush=True)
-        if args.baseline_tree:
-            ratio = np.median(measured[""]) / np.median(measured[" [baseline]"])
+                runs.setdefault(name + label, []).append(
+                    nmt_train_tokens_per_second(tree, procs, args)
+                )
+    rows = []
+    for name, rates in runs.items():
+        note = "runs: " + ", ".join(f"{r:,.0f}" for r in rates)
+        if name != plain:
+            note = f"{args.process_layout} + our sampler; " + note
+        rows.append((name, float(np.median(rates)), float("nan"), note))
+        print(f"  {name}: {rows[-1][1]:,.0f} tok/s", flush=True)
+    if args.baseline_tree:
+        for procs in (1, 2):
+            mine = [
+                r for n, r, _, _ in rows if n.startswith(f"{procs} process") and "baseline" not in n
+            ]
+            theirs = [
+                r for n, r, _, _ in rows if n.startswith(f"{procs} process") and "baseline" in n
+            ]
+            ratio = mine[0] / theirs[0]
             rows.append(
                 (
                     f"  this tree / baseline ({procs} proc)",
@@ -396,25 +441,35 @@ def main() -> None:
         default=1,
         help="nmt-train runs per tree and process count (alternating)",
     )
+    parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ensure_data()
+    if args.plain_child:
+        plain_child(args)
+        return
     print("measuring ...", flush=True)
-    rows = in_process_rows(args) + ([] if args.skip_processes else process_rows(args))
-    baseline = rows[0][1]
+    sections = [("in one process, the update step only, rows taking turns", in_process_rows(args))]
+    if not args.skip_processes:
+        sections.append(
+            ("whole processes taking turns (nmt-train from start to exit)", process_rows(args))
+        )
     print(
         f"\nMulti30k en-de, 3+3 x 256 (FFN 1024), --max-tokens 4096, fp32, {args.updates} timed updates each"
     )
-    print(
-        f"{'configuration':<46} {'tgt tok/s':>10} {'vs plain':>9} {'vs fairseq':>10} {'padding':>8}  note"
-    )
-    for name, tokens_per_s, padding, note in rows:
-        pad = "" if np.isnan(padding) else f"{padding:.1%}"
-        if np.isnan(tokens_per_s):
-            print(f"{name:<46} {'-':>10} {'-':>9} {'-':>10} {pad:>8}  {note}")
-            continue
+    for title, rows in sections:
+        plain = rows[0][1]  # each section starts with the plain loop measured its way
+        print(f"\n{title}")
         print(
-            f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / baseline:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}"
+            f"{'configuration':<46} {'tgt tok/s':>10} {'vs plain':>9} {'vs fairseq':>10} {'padding':>8}  note"
         )
+        for name, tokens_per_s, padding, note in rows:
+            pad = "" if np.isnan(padding) else f"{padding:.1%}"
+            if np.isnan(tokens_per_s):
+                print(f"{name:<46} {'-':>10} {'-':>9} {'-':>10} {pad:>8}  {note}")
+                continue
+            print(
+                f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / plain:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}"
+            )
     print(
         f"vs plain: against the plain PyTorch loop measured in this run; vs fairseq: against fairseq "
         f"0.12.2's {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s measured earlier on this machine (quiet)"

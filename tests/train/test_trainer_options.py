@@ -105,3 +105,18 @@ def test_curriculum_file_is_checked_against_the_corpus(tiny_data, tmp_path):
         [tiny_data, *train_command(tiny_data, tmp_path / "ck", "--curriculum", f"file:{scores}")]
     )
     assert result.returncode == 1 and "scores.txt:600: not a number" in result.stderr
+
+
+def test_fp16_overflow_skips_are_counted_but_are_no_divergence(tiny_data, tmp_path):
+    """An fp16 loss-scale overflow skips the step (GradScaler's found_inf, read by the fused
+    optimizer on the device) and counts in skipped_updates, not in the run of non-finite updates
+    that --max-consecutive-nonfinite stops on (the scale adapts instead)."""
+    trainer = make_trainer(tiny_data, tmp_path / "ck", "--fp16", "--max-consecutive-nonfinite", "1")
+    trainer.step.scaler._init_scale = 3e38  # the first scaled loss overflows
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.step(update_of(trainer, np.arange(0, 8)))
+    reading = trainer.step.read()
+    assert reading.skipped_updates == 1 and reading.longest_nonfinite_run == 0
+    assert reading.loss_scale < 3e38  # lowered for the next update
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[name]), name
