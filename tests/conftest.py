@@ -18,6 +18,13 @@ import pytest
 from nmt.config import PreprocessConfig
 from nmt.data.preprocess import preprocess
 
+# A model small enough that a few updates take well under a second on 2 cores (nmt-train flags).
+TINY_MODEL_FLAGS = (
+    "--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 "
+    "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 2 "
+    "--decoder-attention-heads 2 --share-all-embeddings"
+).split()
+
 WORDS = "the a dog cat runs sits on mat red blue big small house tree man woman child ball green old".split()
 WORTE = "der die hund katze rennt sitzt auf matte rot blau gross klein haus baum mann frau kind ball gruen alt".split()
 

@@ -14,27 +14,7 @@ import pytest
 from nmt.plot import read_curves
 from nmt_cli.plot import main
 
-from .conftest import run_forked
-
-TINY_MODEL = [
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--share-all-embeddings",
-]
+from .conftest import TINY_MODEL_FLAGS, run_forked
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +43,7 @@ def training_run(tiny_data, tmp_path_factory):
         "--no-epoch-checkpoints",
         "--tensorboard-logdir",
         str(root / "tb"),
-        *TINY_MODEL,
+        *TINY_MODEL_FLAGS,
     ]
     result = run_forked("nmt_cli.train", args, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
@@ -193,7 +173,7 @@ def test_tensorboard_logdir_without_tensorboard_is_a_one_line_error(tiny_data, t
         "1",
         "--tensorboard-logdir",
         str(tmp_path / "tb"),
-        *TINY_MODEL,
+        *TINY_MODEL_FLAGS,
     ]
     result = subprocess.run(
         [sys.executable, "-c", hide + run, *argv], capture_output=True, text=True, timeout=300

@@ -16,7 +16,7 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.preprocess import preprocess
 
-from ..conftest import run_forked
+from ..conftest import TINY_MODEL_FLAGS, run_forked
 
 # --import-mode=importlib keeps test folders off sys.path
 sys.path.insert(0, os.path.dirname(__file__))
@@ -141,23 +141,7 @@ def test_training_losses_are_the_same_on_parts(datasets, tmp_path):
             "--seed",
             "3",
             "--no-epoch-checkpoints",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            "32",
-            "--decoder-embed-dim",
-            "32",
-            "--encoder-ffn-embed-dim",
-            "64",
-            "--decoder-ffn-embed-dim",
-            "64",
-            "--encoder-attention-heads",
-            "2",
-            "--decoder-attention-heads",
-            "2",
-            "--share-all-embeddings",
+            *TINY_MODEL_FLAGS,
         ]
         result = run_forked("nmt_cli.train", args, env=ENV)
         assert result.returncode == 0, result.stderr[-3000:]
