@@ -164,6 +164,71 @@ def measure(
     ]
 
 
+def gemm_floor_stepper(trainer, batches: list[np.ndarray]):
+    """The matrix products of our step on batch i, alone: every linear layer's forward and its two
+    backward products, and the output projection's three (the fused loss), with the shapes the
+    real step has (recorded by hooks on a forward of each batch). No training step can beat it."""
+    import torch
+    from torch import nn
+
+    shapes: list[list[tuple[int, int, int]]] = []  # per batch: (rows, in, out) of every product
+    recording: list[tuple[int, int, int]] = []
+
+    def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+        recording.append(
+            (inputs[0].numel() // module.in_features, module.in_features, module.out_features)
+        )
+
+    linears = [
+        m
+        for m in trainer.model.modules()
+        if isinstance(m, nn.Linear) and m is not trainer.model.output_projection
+    ]
+    handles = [m.register_forward_hook(record) for m in linears]
+    tgt = trainer.plan.current.dataset.tgt_lengths
+    with torch.no_grad():
+        for indices in batches:
+            recording.clear()
+            micro = trainer.plan.micro_batches(indices)
+            for part in micro:
+                trainer.step.forward_loss(part.batch, training=False)
+            projection = trainer.model.output_projection
+            recording.append(
+                (int(tgt[indices].sum()), projection.in_features, projection.out_features)
+            )
+            shapes.append(list(recording))
+    for handle in handles:
+        handle.remove()
+
+    # Operands allocated once, outside the timing (sliced to each product's rows): random
+    # numbers drawn per product would cost more than the products themselves.
+    most_rows: dict[tuple[int, int], int] = {}
+    for batch_shapes in shapes:
+        for rows, fan_in, fan_out in batch_shapes:
+            key = (fan_in, fan_out)
+            most_rows[key] = max(most_rows.get(key, 0), rows)
+    operands = {
+        (fan_in, fan_out): (
+            torch.randn(rows, fan_in),
+            torch.randn(fan_out, fan_in),
+            torch.randn(rows, fan_out),
+        )
+        for (fan_in, fan_out), rows in most_rows.items()
+    }
+
+    def step(i: int) -> tuple[int, int, int]:
+        for rows, fan_in, fan_out in shapes[i]:
+            x, w, grad = operands[(fan_in, fan_out)]
+            x, grad = x[:rows], grad[:rows]
+            x @ w.T  # forward
+            grad @ w  # gradient of the input
+            grad.T @ x  # gradient of the weight
+        tokens = int(tgt[batches[i]].sum())
+        return tokens, 1, 1  # packed: no padding
+
+    return step
+
+
 def plain_loop_stepper(trainer, batches: list[np.ndarray]):
     """The reference: the training loop a PyTorch user writes with ``nn.Transformer`` (same sizes:
     3+3 x 256, FFN 1024, 4 heads, dropout 0.1, shared embeddings, sinusoidal positions, Adam,
@@ -268,6 +333,10 @@ def in_process_rows(args: argparse.Namespace) -> list[tuple[str, float, float, s
             else:
                 batches = trainer.plan.current.rank_batches.to_list()[:count]
             steppers[label] = nmt_stepper(trainer, batches)
+            if layout == "packed":
+                floor = "its matrix products alone (a floor)"
+                steppers[floor] = gemm_floor_stepper(trainer, batches)
+                notes[floor] = "the packed step's GEMMs with its shapes, random data"
         measured = measure_interleaved(steppers, warmup=args.warmup, updates=args.updates)
     rows = [
         (name, rate, padding, notes.get(name, "")) for name, (rate, padding) in measured.items()
