@@ -44,6 +44,7 @@ from nmt.data.manifest import Manifest, load_manifest, verify_checksums
 from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
 from nmt.data.spm import BOS_ID, PAD_ID
+from nmt.data.subsets import open_subset
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +158,7 @@ class TrainingDataPlan:
                 )
         if cfg.verify_data:
             verify_dataset(self.manifest, rank=rank)
-        self.corpora = [
-            ParallelCorpus(cfg.data_dir, name, manifest=self.manifest) for name in cfg.train_subsets
-        ]
+        self.corpora = [open_subset(self.manifest, name) for name in cfg.train_subsets]
         self.valid = (
             ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
             if cfg.valid_subset in self.manifest.splits
@@ -190,7 +189,6 @@ class TrainingDataPlan:
         self.difficulty = corpus_difficulty(
             cfg,
             self.corpora,
-            self.manifest,
             scorer=scorer,
             rank=rank,
             world_size=world_size,
