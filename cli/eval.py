@@ -251,7 +251,73 @@ def _decode(
     return results
 
 
+def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
+    """--output-dataset: back-translation of a monolingual dataset into a parallel one."""
+    from nmt.eval.generate_dataset import (
+        GenerationOptions,
+        ModelInfo,
+        generate_dataset,
+        model_sha256,
+    )
+    from nmt.eval.translate import language_pair
+
+    assert io.output_dataset is not None and io.data_dir is not None
+    path = io.path
+    if cfg.sampling and os.path.isdir(path):
+        raise ValueError(
+            f"--sampling: {path} is an export, whose CTranslate2 sampler continues one stream per "
+            "thread, so a resumed run would sample otherwise; sample with the checkpoint (beam works with both)"
+        )
+    check_apart(
+        [("--output-dataset", io.output_dataset)], [("--path", path), ("DATA_DIR", io.data_dir)]
+    )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    barrier = None
+    if world_size > 1:
+        from nmt import dist
+
+        dist.init_distributed("cpu")
+        barrier = dist.barrier
+    source_lang, target_lang = language_pair(path)
+    model = ModelInfo(
+        path=path, source_lang=source_lang, target_lang=target_lang, sha256=model_sha256(path)
+    )
+    translator = load_translator(io, cfg, [path])
+    options = GenerationOptions(
+        split=io.split,
+        chunk_sentences=io.chunk_sentences,
+        max_len_ratio=io.max_len_ratio,
+        tag_source=io.tag_source,
+        source_noise=io.source_noise,
+    )
+    try:
+        manifest = generate_dataset(
+            translator,
+            model=model,
+            data_dir=io.data_dir,
+            destdir=io.output_dataset,
+            cfg=cfg,
+            options=options,
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=world_size,
+            barrier=barrier,
+        )
+    finally:
+        if barrier is not None:
+            dist.destroy()
+    if manifest is not None:
+        entry = manifest.split("train")
+        dropped = ", ".join(f"{k}={v}" for k, v in entry.filtered.items())
+        print(
+            f"wrote {manifest.directory}: {entry.num_samples} {manifest.source_lang}-{manifest.target_lang} "
+            f"pairs from {entry.num_lines} lines (left out: {dropped})"
+        )
+    return 0
+
+
 def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
+    if io.output_dataset is not None:
+        return _generate_dataset(io, cfg)
     paths = checkpoint_paths(io)
     check_output_apart(io, paths)  # before the model loads: a refusal costs nothing
     translator = load_translator(io, cfg, paths)

@@ -12,8 +12,8 @@ import time
 
 from nmt.config import EvalConfig
 from nmt.deploy.serve import ServeConfig, create_app
-from nmt.eval.ct2_model import CT2Model, read_export_manifest
-from nmt.eval.translate import Translator
+from nmt.eval.ct2_model import CT2Model
+from nmt.eval.translate import Translator, language_pair
 from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
 
 logger = logging.getLogger("nmt.serve")
@@ -61,19 +61,6 @@ def build_parser() -> ArgumentParser:
     )
     add_config_arguments(parser.add_argument_group("batching and limits"), ServeConfig)
     return parser
-
-
-def language_pair(path: str) -> tuple[str, str]:
-    """(source, target) language of a checkpoint or an exported directory."""
-    if os.path.isdir(path):
-        manifest = read_export_manifest(path)
-        return manifest["source_lang"], manifest["target_lang"]
-    from nmt.checkpoint_io import (
-        load_checkpoint,  # here: torch, which an exported model does without
-    )
-
-    vocab = load_checkpoint(path).get("vocab", {})
-    return vocab.get("source_lang", "src"), vocab.get("target_lang", "tgt")
 
 
 def load_translator(args: argparse.Namespace, cfg: EvalConfig) -> Translator:

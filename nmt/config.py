@@ -113,7 +113,15 @@ class PreprocessConfig:
         "", "source language suffix of the text files (or --lang-pairs)", aliases=("-s",)
     )
     target_lang: str = opt(
-        "", "target language suffix of the text files (or --lang-pairs)", aliases=("-t",)
+        "",
+        "target language suffix of the text files (none with --only-source or --lang-pairs)",
+        aliases=("-t",),
+    )
+    only_source: bool = opt(
+        False,
+        "a monolingual dataset of the --source-lang text of --trainpref (fairseq's flag), encoded with "
+        "--spm-model: one token file that both sides of the manifest name (back-translate it with "
+        "nmt-eval --output-dataset)",
     )
     lang_pairs: str | None = opt(
         None,
@@ -185,6 +193,9 @@ class PreprocessConfig:
             self._check_multilingual()
         else:
             _require(bool(self.source_lang), "source_lang", "must not be empty (or --lang-pairs)")
+        if self.only_source:
+            self._check_only_source()
+        elif self.lang_pairs is None:
             _require(bool(self.target_lang), "target_lang", "must not be empty (or --lang-pairs)")
             _require(
                 self.source_lang != self.target_lang,
@@ -230,6 +241,26 @@ class PreprocessConfig:
                 f"one SentencePiece model, or two as SRC,TGT, got {self.spm_model!r}",
             )
 
+    def _check_only_source(self) -> None:
+        for name, given in (
+            ("target_lang", bool(self.target_lang)),
+            ("separate_vocab", self.separate_vocab),
+            ("validpref", bool(self.validpref)),
+            ("testpref", bool(self.testpref)),
+        ):
+            _require(not given, name, "a monolingual dataset (--only-source) has no such thing")
+        _require(
+            bool(self.spm_model) and "," not in self.spm_model,
+            "spm_model",
+            "--only-source needs the one SentencePiece model of the models that will read it",
+        )
+        _require(self.num_shards == 1, "num_shards", "--only-source runs in one process (one part)")
+
+    @property
+    def languages(self) -> tuple[str, str]:
+        """(source, target) suffixes: a monolingual dataset's target is its source."""
+        return self.source_lang, self.target_lang or self.source_lang
+
     def _check_multilingual(self) -> None:
         _require(
             not (self.source_lang or self.target_lang),
@@ -239,6 +270,7 @@ class PreprocessConfig:
         parse_lang_pairs(self.lang_pairs or "")  # one line naming the bad pair
         for name, allowed in (
             ("separate_vocab", False),
+            ("only_source", False),
             ("num_shards", 1),
             ("merge_parts", False),
         ):
@@ -1026,10 +1058,36 @@ class EvalIOConfig:
         "float16 weights on CUDA; on the CPU a warning, and float32 (half precision is slower there)",
     )
     bf16: bool = opt(False, "bfloat16 weights on CUDA; on the CPU a warning, and float32")
+    output_dataset: str | None = opt(
+        None,
+        "back-translate DATA_DIR's monolingual --split (nmt-preprocess --only-source) into a parallel "
+        "dataset here: synthetic source, real target, the same vocabulary; resumable, sharded under torchrun",
+        metavar="DIR",
+    )
+    tag_source: bool = opt(
+        False,
+        "--output-dataset: the <bt> tag before every synthetic source (tagged back-translation)",
+    )
+    source_noise: bool = opt(
+        False,
+        "--output-dataset: noise the synthetic sources (Edunov et al. 2018: words dropped and "
+        "replaced by UNK with p=0.1 each, shuffled within 3 positions)",
+    )
+    max_len_ratio: float = opt(
+        3.0,
+        "--output-dataset: leave out pairs whose longer side exceeds this ratio to the shorter "
+        "(tokens; 0: keep all), counted in the manifest",
+    )
+    chunk_sentences: int = opt(
+        2048,
+        "--output-dataset: sentences per chunk, the unit of resuming and of the ranks' shares (each "
+        "chunk samples from its own seed)",
+    )
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _require(bool(self.checkpoint_paths), "path", "names no checkpoint")
+        self._check_output_dataset()
         _require(
             (self.source_lang is None) == (self.target_lang is None),
             "source_lang" if self.source_lang is None else "target_lang",
@@ -1088,6 +1146,31 @@ class EvalIOConfig:
             "quiet",
             "prints no translations, so the plain --output/--results-path file would be empty",
         )
+
+    def _check_output_dataset(self) -> None:
+        if self.output_dataset is None:
+            for name in ("tag_source", "source_noise"):
+                _require(not getattr(self, name), name, "only applies with --output-dataset")
+            return
+        _require(
+            self.data_dir is not None,
+            "output_dataset",
+            "translates a monolingual dataset: give DATA_DIR (nmt-preprocess --only-source)",
+        )
+        for name in ("output", "results_path", "score_reference", "reference"):
+            _require(not getattr(self, name), name, "cannot be combined with --output-dataset")
+        _require(self.format == "plain", "format", "cannot be combined with --output-dataset")
+        _require(
+            len(self.checkpoint_paths) == 1 and not self.average_last,
+            "path",
+            "--output-dataset translates with one model",
+        )
+        _require(
+            self.max_len_ratio == 0 or self.max_len_ratio >= 1,
+            "max_len_ratio",
+            f"must be >= 1 (or 0: off), got {self.max_len_ratio}",
+        )
+        _require(self.chunk_sentences >= 1, "chunk_sentences", "must be >= 1")
 
     @property
     def checkpoint_paths(self) -> list[str]:

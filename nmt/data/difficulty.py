@@ -26,7 +26,6 @@ from nmt.config import DataConfig
 from nmt.data.collate import Sample
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.curriculum import length_difficulty
-from nmt.data.manifest import Manifest
 from nmt.data.sample_sort import distributed_sample_sort
 from nmt.fileio import atomic_write
 
@@ -40,7 +39,6 @@ SCORE_CHUNK = 512  # pairs scored together: chunks are aligned globally, so no s
 def corpus_difficulty(
     cfg: DataConfig,
     corpora: Sequence[ParallelCorpus],
-    manifest: Manifest,
     *,
     scorer: DifficultyScorer | None,
     rank: int,
@@ -62,7 +60,7 @@ def corpus_difficulty(
             f"--curriculum {cfg.curriculum}: no model scorer was given to the data plan"
         )
     checkpoint = spec.checkpoint
-    cache_name = f"model-{_cache_key(checkpoint, corpora, manifest)}.npy"
+    cache_name = f"model-{_cache_key(checkpoint, corpora)}.npy"
     candidates = [os.path.join(cfg.data_dir, "difficulty", cache_name)]
     if cache_dir is not None:
         candidates.append(os.path.join(cache_dir, "difficulty", cache_name))
@@ -114,7 +112,7 @@ def model_difficulty(
     return difficulty
 
 
-def _cache_key(checkpoint: str, corpora: Sequence[ParallelCorpus], manifest: Manifest) -> str:
+def _cache_key(checkpoint: str, corpora: Sequence[ParallelCorpus]) -> str:
     digest = hashlib.sha256()
     try:
         with open(checkpoint, "rb") as handle:
@@ -128,7 +126,8 @@ def _cache_key(checkpoint: str, corpora: Sequence[ParallelCorpus], manifest: Man
         digest.update(corpus.split.encode())
         for part in corpus.entry.parts:
             for side in (part.src, part.tgt):
-                digest.update(manifest.checksums.get(side.prefix + ".bin", side.prefix).encode())
+                checksums = corpus.manifest.checksums  # a DIR/SPLIT corpus: its own dataset's
+                digest.update(checksums.get(side.prefix + ".bin", side.prefix).encode())
     return digest.hexdigest()[:20]
 
 

@@ -45,6 +45,7 @@ from nmt.data.manifest import Manifest, load_manifest, verify_checksums
 from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
 from nmt.data.spm import BOS_ID, PAD_ID
+from nmt.data.subsets import open_subset
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +185,7 @@ class TrainingDataPlan:
             )
         else:
             self.corpus_names = list(cfg.train_subsets)
-            self.corpora = [
-                ParallelCorpus(cfg.data_dir, name, manifest=self.manifest)
-                for name in cfg.train_subsets
-            ]
+            self.corpora = [open_subset(self.manifest, name) for name in cfg.train_subsets]
             self.valid_sets = (
                 {"": ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)}
                 if cfg.valid_subset in self.manifest.splits
@@ -220,7 +218,6 @@ class TrainingDataPlan:
         self.difficulty = corpus_difficulty(
             cfg,
             self.corpora,
-            self.manifest,
             scorer=scorer,
             rank=rank,
             world_size=world_size,

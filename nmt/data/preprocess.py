@@ -138,6 +138,7 @@ class EncodeOptions:
     max_len_ratio: float
     dedup: bool
     num_threads: int = 1  # SentencePiece's own threads (the in-process mode)
+    monolingual: bool = False  # --only-source: the target is the source (encoded once)
 
 
 @dataclass
@@ -183,11 +184,15 @@ def encode_chunk(
         replace_invalid=options.skip_invalid,
         first_line=first_line,
     )
-    tgt = decode_lines(
-        tgt_lines,
-        path=options.tgt_path,
-        replace_invalid=options.skip_invalid,
-        first_line=first_line,
+    tgt = (
+        src
+        if options.monolingual
+        else decode_lines(
+            tgt_lines,
+            path=options.tgt_path,
+            replace_invalid=options.skip_invalid,
+            first_line=first_line,
+        )
     )
     invalid = np.zeros(num_lines, dtype=bool)
     invalid[src.invalid] = True
@@ -195,8 +200,12 @@ def encode_chunk(
     src_tokens, src_lengths = _model(options.src_model).encode_with_eos(
         src.lines, dtype=np.dtype(options.src_dtype), num_threads=options.num_threads
     )
-    tgt_tokens, tgt_lengths = _model(options.tgt_model).encode_with_eos(
-        tgt.lines, dtype=np.dtype(options.tgt_dtype), num_threads=options.num_threads
+    tgt_tokens, tgt_lengths = (
+        (src_tokens, src_lengths)
+        if options.monolingual
+        else _model(options.tgt_model).encode_with_eos(
+            tgt.lines, dtype=np.dtype(options.tgt_dtype), num_threads=options.num_threads
+        )
     )
     filtered = np.zeros(len(FILTER_REASONS), dtype=np.int64)
     if options.role != "train":  # valid and test keep every line, repaired if need be
@@ -357,10 +366,7 @@ def make_plans(
         ("test", cfg.testpref),
     ):
         for name, prefix in zip(split_names(role, prefixes), prefixes):
-            src_path, tgt_path = (
-                resolve_text_file(prefix, cfg.source_lang),
-                resolve_text_file(prefix, cfg.target_lang),
-            )
+            src_path, tgt_path = (resolve_text_file(prefix, lang) for lang in cfg.languages)
             if role in roles:
                 plans.append(
                     SplitPlan(
@@ -490,7 +496,7 @@ class SplitStats:
     replaced_invalid_utf8: int = 0
 
 
-class _LineNumbersWriter:
+class LineNumbersWriter:
     """An int64 ``.npy`` written as it comes: the values go to a temporary file, the header
     (which holds the count) and the values are put together at the end."""
 
@@ -540,14 +546,15 @@ class SplitWriter:
         if plan.role == "train" and cfg.dedup:
             self.stats.filtered[DUPLICATE] = 0
         self.first_line: int | None = None
-        self.prefixes = (f"{plan.name}.{cfg.source_lang}", f"{plan.name}.{cfg.target_lang}")
+        self.prefixes = tuple(f"{plan.name}.{lang}" for lang in cfg.languages)
+        # --only-source: one token file, which both sides of the manifest name
         self.writers = [
             IndexedWriter(os.path.join(workdir, prefix), dtype=dtype)
-            for prefix, dtype in zip(self.prefixes, dtypes)
+            for prefix, dtype in list(zip(self.prefixes, dtypes))[: 1 if cfg.only_source else 2]
         ]
         self.line_numbers_file = f"{plan.name}.line_numbers.npy" if plan.role == "train" else None
         self.line_numbers = (
-            _LineNumbersWriter(os.path.join(workdir, self.line_numbers_file))
+            LineNumbersWriter(os.path.join(workdir, self.line_numbers_file))
             if self.line_numbers_file
             else None
         )
@@ -592,7 +599,8 @@ class SplitWriter:
                 line_numbers[new],
             )
         self.writers[0].add_many(src_tokens, src_lengths)
-        self.writers[1].add_many(tgt_tokens, tgt_lengths)
+        if len(self.writers) == 2:
+            self.writers[1].add_many(tgt_tokens, tgt_lengths)
         stats.src_unk += int(np.count_nonzero(src_tokens == UNK_ID))
         stats.tgt_unk += int(np.count_nonzero(tgt_tokens == UNK_ID))
         stats.num_samples += int(src_lengths.shape[0])
@@ -617,6 +625,8 @@ class SplitWriter:
                     max_token_id=writer.max_token_id,
                 )
             )
+        if len(sides) == 1:  # --only-source
+            sides.append(sides[0])
         self.stats.src_tokens, self.stats.tgt_tokens = sides[0].num_tokens, sides[1].num_tokens
         if self.line_numbers is not None:
             self.line_numbers.finish()
@@ -723,7 +733,7 @@ def destination(cfg: PreprocessConfig, destdir: str) -> Destination:
     )
 
 
-def _make_workdir(destdir: str) -> str:
+def make_workdir(destdir: str) -> str:
     parent, name = os.path.split(destdir)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -779,7 +789,7 @@ def build_dataset(
         plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None)
         for plan in plans
     }
-    workdir = _make_workdir(destdir)  # first: an unwritable --destdir fails before hours of work
+    workdir = make_workdir(destdir)  # first: an unwritable --destdir fails before hours of work
     try:
         protos = _vocabulary(cfg, shard, plans)
         models = [
@@ -819,6 +829,7 @@ def build_dataset(
                     max_len=cfg.max_len,
                     max_len_ratio=cfg.max_len_ratio,
                     dedup=cfg.dedup,
+                    monolingual=cfg.only_source,
                 )
                 entry, stats = write_split(
                     plan,
@@ -852,7 +863,7 @@ def build_dataset(
         manifest = Manifest(
             directory=destdir,
             source_lang=cfg.source_lang,
-            target_lang=cfg.target_lang,
+            target_lang=cfg.languages[1],
             special_ids=dict(SPECIAL_IDS),
             spm=SpmEntry(
                 joint=joint,
@@ -1115,7 +1126,7 @@ def merge_parts(manifest: Manifest) -> Manifest:
         line_numbers = None
         if all(part.line_numbers for part in entry.parts):
             line_numbers = f"{name}.line_numbers.npy"
-            numbers = _LineNumbersWriter(os.path.join(directory, line_numbers))
+            numbers = LineNumbersWriter(os.path.join(directory, line_numbers))
             for part in entry.parts:
                 values = np.load(manifest.path(part.line_numbers), mmap_mode="r")
                 for start in range(0, values.shape[0], MERGE_BLOCK_SAMPLES):

@@ -33,7 +33,7 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import Manifest
 from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
-from nmt.eval.ct2_model import CT2Model
+from nmt.eval.ct2_model import CT2Model, read_export_manifest
 from nmt.eval.hypothesis import Hypothesis, LengthLimitError, check_min_len
 from nmt.eval.languages import BILINGUAL, Direction, Languages
 from nmt.eval.score import Score, score
@@ -125,6 +125,19 @@ def _sentences(lines: str | Sequence[str]) -> tuple[list[str], bool]:
                 f"translate: expected a str or a sequence of str, got a sequence holding {type(sentence).__name__}"
             )
     return sentences, False
+
+
+def language_pair(path: str) -> tuple[str, str]:
+    """(source, target) language of a checkpoint or an exported directory."""
+    if os.path.isdir(path):
+        manifest = read_export_manifest(path)
+        return manifest["source_lang"], manifest["target_lang"]
+    from nmt.checkpoint_io import (
+        load_checkpoint,  # here: torch, which an exported model does without
+    )
+
+    vocab = load_checkpoint(path).get("vocab", {})
+    return vocab.get("source_lang", "src"), vocab.get("target_lang", "tgt")
 
 
 class Translator:

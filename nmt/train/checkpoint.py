@@ -34,6 +34,7 @@ from nmt.checkpoint_io import (
 )
 from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
 from nmt.data.manifest import Manifest
+from nmt.data.subsets import subset_entry, subset_manifest
 from nmt.fileio import (
     describe_os_error,
     exclusive_lock,
@@ -132,15 +133,18 @@ def run_identity(
     """The options and data a checkpoint's state belongs to, grouped as ``IDENTITY_RESETS``."""
     spm_files = sorted({manifest.spm.src_model, manifest.spm.tgt_model})
     train_splits = manifest.training_splits(cfg.data.train_subsets)
-    prefixes = {
-        side.prefix + "."
-        for split in train_splits
-        for part in manifest.split(split).parts
-        for side in (part.src, part.tgt)
-    }
-    train_files = sorted(
-        name for name in manifest.checksums if any(name.startswith(prefix) for prefix in prefixes)
-    )
+    train_files: dict[str, str] = {}
+    for subset in train_splits:
+        holder, split = subset_manifest(manifest, subset)
+        where = "" if holder is manifest else os.path.abspath(holder.directory) + "/"
+        prefixes = tuple(
+            side.prefix + "." for part in holder.split(split).parts for side in (part.src, part.tgt)
+        )
+        train_files.update(
+            (where + name, checksum)
+            for name, checksum in holder.checksums.items()
+            if name.startswith(prefixes)
+        )
     batching = {option_name(k): v for k, v in to_dict(cfg.data.batching).items()}
     for name in (
         "train_subsets",
@@ -172,8 +176,11 @@ def run_identity(
             and (k not in MODEL_OPTIONS_ADDED_LATER or MODEL_OPTIONS_ADDED_LATER[k] != v)
         },
         "training data": {
-            **{f"{name}": manifest.checksums.get(name, "?") for name in train_files},
-            **{f"samples in {split}": manifest.split(split).num_samples for split in train_splits},
+            **dict(sorted(train_files.items())),
+            **{
+                f"samples in {split}": subset_entry(manifest, split).num_samples
+                for split in train_splits
+            },
         },
         "batch sequence": batching,
         "optimizer": {

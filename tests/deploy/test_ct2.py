@@ -35,9 +35,23 @@ def test_float32_export_gives_our_translations_and_scores(tiny, exported) -> Non
         assert [n[0].tokens for n in got] == [n[0].tokens for n in expected]
         assert [n[0].text for n in got] == [n[0].text for n in expected]
         # Same normalisation as ours: sum of log-probs with EOS, divided by (tokens + 1) ** lenpen.
+        # CTranslate2's search scores its hypotheses up to ~3e-3 away from its own forced decoding
+        # of them (measured: 'sits sits cat man', -0.04898 in translate_batch, -0.05161 in
+        # score_batch, ours -0.05161), so the search's scores are compared loosely here and the
+        # export's exactness is checked on forced decoding below.
         np.testing.assert_allclose(
-            [n[0].score for n in got], [n[0].score for n in expected], atol=1e-3
-        )  # CTranslate2 vectorised exp/log
+            [n[0].score for n in got], [n[0].score for n in expected], atol=5e-3
+        )
+    hypotheses = [n[0].tokens for n in ours.translate_nbest(tiny.test_src, beam=5)]
+    sources = ours.encode(tiny.test_src)
+    ours_forced = ours.score_targets(sources, [[*h, EOS_ID] for h in hypotheses])
+    tgt_pieces = pieces(theirs.tgt_spm)
+    theirs_forced = theirs.model.translator.score_batch(
+        [[theirs.model._src_pieces[i] for i in source[:-1]] for source in sources],  # EOS: theirs
+        [[tgt_pieces[i] for i in h] for h in hypotheses],
+    )
+    for mine, their in zip(ours_forced, theirs_forced, strict=True):
+        np.testing.assert_allclose(their.log_probs, mine.token_scores, atol=1e-4)
     lenpen = dict(beam=4, lenpen=0.3, nbest=2)
     assert theirs.translate(tiny.test_src, **lenpen) == ours.translate(tiny.test_src, **lenpen)
     assert [len(n) for n in theirs.translate_nbest(tiny.test_src, **lenpen)] == [2] * len(

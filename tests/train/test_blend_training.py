@@ -92,3 +92,38 @@ def test_two_ranks_train_on_the_same_blend_each_building_half(two_corpus_data, t
     assert set(parts) == {"part0of2", "part1of2"} and all(
         parts.count(p) in (2, 3) for p in set(parts)
     ), parts
+
+
+def test_a_split_of_another_dataset_blends_by_dir_and_split(two_corpus_data, tmp_path):
+    """--train-subsets train,DIR/train: a corpus of another dataset directory with the same
+    vocabulary (a back-translated one, say) blends like a split of the dataset; another
+    vocabulary is one line."""
+    import os
+
+    from nmt_cli.preprocess import main as preprocess_main
+
+    raw = os.path.join(os.path.dirname(two_corpus_data), "small")
+    spm = os.path.join(two_corpus_data, "spm.model")
+    common = ["-s", "en", "-t", "de", "--trainpref", raw, "--workers", "1"]
+    assert preprocess_main([*common, "--spm-model", spm, "--destdir", str(tmp_path / "x")]) == 0
+    other = str(tmp_path / "x" / "train")
+    args = ["--train-subsets", f"train,{other}", "--subset-weights", "0.75,0.25"]
+    args += ["--epoch-samples", "400", "--max-epoch", "1"]
+    result = run_subprocess(
+        [two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = blend_records(result.stdout)
+    assert (record["train_samples"], record[f"{other}_samples"]) == (300, 100)
+    assert parse_log(result.stdout)[-1]["epoch"] == 1
+    # another vocabulary (trained on the small corpus alone)
+    assert (
+        preprocess_main([*common, "--spm-vocab-size", "40", "--destdir", str(tmp_path / "y")]) == 0
+    )
+    args[1] = f"train,{tmp_path / 'y' / 'train'}"
+    bad = run_subprocess([two_corpus_data, *train_command(two_corpus_data, tmp_path / "b", *args)])
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    (line,) = bad.stderr.strip().splitlines()[-1:]
+    assert "is not the vocabulary of" in line and line.startswith(
+        "nmt-train: error: --train-subsets"
+    )
