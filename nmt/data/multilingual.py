@@ -44,11 +44,11 @@ from nmt.data.preprocess import (
     DUPLICATE,
     FILTER_REASONS,
     KEEP,
+    LineNumbersWriter,
     Reservoir,
     SplitStats,
-    _LineNumbersWriter,
-    _make_workdir,
     filter_codes,
+    make_workdir,
     reference_name,
     split_names,
 )
@@ -292,7 +292,7 @@ def encode_group(
         for lang in langs
     }
     numbers_name = f"{group.prefix(split, 'line_numbers')}.npy" if role == "train" else None
-    numbers = _LineNumbersWriter(os.path.join(workdir, numbers_name)) if numbers_name else None
+    numbers = LineNumbersWriter(os.path.join(workdir, numbers_name)) if numbers_name else None
     stem = f"{split}.{group.stem}" if group.stem else split
     references = {} if role == "train" else {lang: reference_name(stem, lang) for lang in langs}
     raw_refs = {
@@ -452,7 +452,7 @@ def preprocess_multilingual(cfg: PreprocessConfig) -> tuple[Manifest, list[Split
     )
     with exclusive_lock(lock_path_beside(destdir), what=f"--destdir {destdir}"):
         check_destination(target)
-        workdir = _make_workdir(destdir)
+        workdir = make_workdir(destdir)
         try:
             manifest, stats = _build(cfg, pairs, languages, splits, destdir, workdir)
             install_directory(workdir, target)
