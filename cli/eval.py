@@ -14,8 +14,10 @@ from typing import TextIO
 import numpy as np
 
 from nmt.config import EvalConfig, EvalIOConfig
+from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.text import count_lines, open_binary
 from nmt.eval.hypothesis import LengthLimitError
+from nmt.eval.languages import Direction
 from nmt.eval.output import FairseqLines, base2, plain_lines
 from nmt.eval.translate import (
     Translation,
@@ -124,9 +126,39 @@ class Job:
     interactive: bool  # print each chunk as soon as it is translated; no progress bars
 
 
-def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
+def _split_name(io: EvalIOConfig, manifest: Manifest) -> str:
+    """--split, or on a multilingual dataset its split of the -s/-t direction."""
+    if not manifest.multilingual:
+        return io.split
+    if io.source_lang is None:
+        raise ValueError(
+            f"{io.data_dir}: a multilingual dataset: give -s/-t for one direction "
+            f"({', '.join(manifest.lang_pairs)}), or neither for all of them"
+        )
+    pair = f"{io.source_lang}-{io.target_lang}"
+    if pair not in manifest.lang_pairs:
+        raise ValueError(
+            f"-s {io.source_lang} -t {io.target_lang}: {io.data_dir} has no direction {pair} "
+            f"(it has {', '.join(manifest.lang_pairs)})"
+        )
+    return manifest.direction_split(io.split, pair)
+
+
+def _with_prefix(sources: list[np.ndarray], direction: Direction) -> list[np.ndarray]:
+    """Binarized sources with a multilingual direction's source tag in front."""
+    if not direction.source_prefix:
+        return sources
+    prefix = np.array(direction.source_prefix, dtype=np.int64)
+    return [np.concatenate([prefix, source]) for source in sources]
+
+
+def _open_job(
+    io: EvalIOConfig, cfg: EvalConfig, translator: Translator, direction: Direction
+) -> Job:
     if io.data_dir is not None:
-        split = load_split(io.data_dir, io.split, src_spm=translator.src_spm)
+        manifest = load_manifest(io.data_dir)
+        name = _split_name(io, manifest)
+        split = load_split(io.data_dir, name, src_spm=translator.src_spm, manifest=manifest)
         reference_path = io.reference or split.reference_path
         if reference_path is None:
             raise ValueError(
@@ -136,7 +168,11 @@ def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
             reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
         )
         return Job(
-            iter([Chunk(0, split.sources)]), references, reference_path, io.split, interactive=False
+            iter([Chunk(0, _with_prefix(split.sources, direction))]),
+            references,
+            reference_path,
+            name,
+            interactive=False,
         )
 
     from_stdin = io.input in (None, "-")
@@ -161,7 +197,7 @@ def _open_job(io: EvalIOConfig, cfg: EvalConfig, translator: Translator) -> Job:
                     raise ValueError(
                         f"{io.reference}: the reference has {len(references)} lines but {name} has more"
                     )
-                yield Chunk(start, translator.encode(lines))
+                yield Chunk(start, translator.encode(lines, direction=direction))
                 start += len(lines)
 
     return Job(
@@ -191,6 +227,7 @@ def _decode(
     references: list[str] | None,
     *,
     progress: bool,
+    direction: Direction,
 ) -> list[list[Translation]]:
     """The chunk's n-best translations (with per-token scores for --format fairseq), or with
     --score-reference its references scored by forced decoding."""
@@ -202,7 +239,13 @@ def _decode(
                 chunk.sources, references, alignment=io.print_alignment
             )
         ]
-    results = translator.detokenize(translator.generate(chunk.sources, progress=progress))
+    results = translator.detokenize(
+        translator.generate(
+            chunk.sources,
+            progress=progress,
+            first_tokens=translator.first_tokens(direction, len(chunk.sources)),
+        )
+    )
     if io.format == "fairseq":
         translator.add_token_scores(chunk.sources, results, alignment=io.print_alignment)
     return results
@@ -280,7 +323,19 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     translator = load_translator(io, cfg, paths)
     if io.format == "fairseq" or io.score_reference:
         translator.require_forced_decoding()  # before any decoding, not after the whole input
-    job = _open_job(io, cfg, translator)
+    if (
+        io.data_dir is not None
+        and io.source_lang is None
+        and load_manifest(io.data_dir).multilingual
+    ):
+        return _every_direction(io, translator)
+    direction = translator.direction(io.source_lang, io.target_lang, zero_shot=io.zero_shot)
+    if direction.first_token is not None and (io.format == "fairseq" or io.score_reference):
+        raise ValueError(
+            "--format fairseq / --score-reference: not available for a model with its language tag "
+            "on the decoder side (--lang-tok decoder); plain output works"
+        )
+    job = _open_job(io, cfg, translator, direction)
     fairseq_lines = (
         FairseqLines(
             translator.src_spm, translator.tgt_spm, post_process=io.post_process is not None
@@ -302,7 +357,14 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
                 else job.references[chunk.start : chunk.start + len(chunk.sources)]
             )
             try:
-                results = _decode(translator, io, chunk, references, progress=not job.interactive)
+                results = _decode(
+                    translator,
+                    io,
+                    chunk,
+                    references,
+                    progress=not job.interactive,
+                    direction=direction,
+                )
             except LengthLimitError as error:
                 raise ValueError(
                     f"{job.name}:{chunk.start + error.index + 1}: {error.reason}"
@@ -323,7 +385,7 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
                     log_prob_sum += sum(nbest[0].positional_scores or [])
                     num_scored_tokens += len(nbest[0].positional_scores or [])
                 elif (
-                    job.references is not None
+                    job.references is not None or io.off_target
                 ):  # only kept when scoring: plain translation streams
                     best.append(nbest[0].text)
             num_sentences += len(results)
@@ -359,6 +421,8 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
             results_text = [prefix + str(result) for result in scores]
         else:
             results_text = []
+        if io.off_target and not io.score_reference:
+            results_text.append(_off_target_line(translator, best, io.target_lang))
         if fairseq_lines is not None:
             out.writelines(
                 line + "\n" for line in results_text
@@ -368,6 +432,74 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
         for line in results_text:
             print(line, file=report)
     return 0
+
+
+def _off_target_line(translator: Translator, hypotheses: list[str], target: str | None) -> str:
+    from nmt.eval.language_id import off_target_rate
+
+    if translator.languages is None or target is None:
+        raise ValueError("--off-target: needs a multilingual model and its -t target language")
+    languages = sorted(set(translator.languages.sources) | set(translator.languages.targets))
+    rate = off_target_rate(hypotheses, target, languages=languages)
+    return f"off-target {rate:.2f}% (langid among {','.join(languages)})"
+
+
+def _every_direction(io: EvalIOConfig, translator: Translator) -> int:
+    """A multilingual DATA_DIR without -s/-t: every direction the dataset and the model share, one
+    table (cased sacreBLEU, chrF2, off-target %) and the mean."""
+    from nmt.eval.language_id import off_target_rate
+
+    manifest = load_manifest(io.data_dir or "")
+    if translator.languages is None:
+        raise ValueError(
+            f"{io.data_dir}: a multilingual dataset, and {io.path} a bilingual model: give -s/-t"
+        )
+    languages = sorted(set(translator.languages.sources) | set(translator.languages.targets))
+    pairs = [pair for pair in manifest.lang_pairs if pair in translator.languages.pairs]
+    if not pairs:
+        raise ValueError(
+            f"{io.data_dir}: none of its directions ({', '.join(manifest.lang_pairs)}) is the "
+            f"model's ({', '.join(translator.languages.pairs)})"
+        )
+    rows = []
+    signatures: list[str] = []
+    for pair in pairs:
+        source_lang, target_lang = pair.split("-")
+        direction = translator.direction(source_lang, target_lang)
+        name = manifest.direction_split(io.split, pair)
+        split = load_split(io.data_dir or "", name, src_spm=translator.src_spm, manifest=manifest)
+        if split.reference_path is None:
+            raise ValueError(f"{io.data_dir}: the manifest names no raw text for split {name!r}")
+        references = read_references(
+            split.reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
+        )
+        sources = _with_prefix(split.sources, direction)
+        found = translator.generate(
+            sources, progress=True, first_tokens=translator.first_tokens(direction, len(sources))
+        )
+        hypotheses = [nbest[0].text for nbest in translator.detokenize(found)]
+        bleu, chrf = translator.score(hypotheses, references)[:2]
+        off = off_target_rate(hypotheses, target_lang, languages=languages)
+        rows.append((pair, bleu.score, chrf.score, off))
+        signatures = [f"{bleu.name}: {bleu.signature}", f"{chrf.name}: {chrf.signature}"]
+        logging.getLogger("nmt.eval").info(
+            "%s: BLEU %.2f chrF2 %.2f off-target %.2f%%", pair, bleu.score, chrf.score, off
+        )
+    print(f"{io.split} ({len(rows)} directions, {io.data_dir})")
+    print(direction_table(rows))
+    for line in signatures:
+        print(f"  {line}")
+    return 0
+
+
+def direction_table(rows: list[tuple[str, float, float, float]]) -> str:
+    """Markdown: one row per direction (BLEU, chrF2, off-target %) and their mean."""
+    lines = ["| direction | BLEU | chrF2 | off-target % |", "| --- | ---: | ---: | ---: |"]
+    for pair, bleu, chrf, off in rows:
+        lines.append(f"| {pair} | {bleu:.2f} | {chrf:.2f} | {off:.2f} |")
+    means = [sum(row[k] for row in rows) / len(rows) for k in (1, 2, 3)]
+    lines.append(f"| mean | {means[0]:.2f} | {means[1]:.2f} | {means[2]:.2f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

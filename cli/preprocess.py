@@ -27,9 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def run() -> int:
+        from nmt.data.multilingual import preprocess_multilingual
         from nmt.data.preprocess import preprocess, summary_table
 
-        manifest, stats = preprocess(config_from_args(PreprocessConfig, args))
+        cfg = config_from_args(PreprocessConfig, args)
+        manifest, stats = (preprocess if cfg.lang_pairs is None else preprocess_multilingual)(cfg)
         print(summary_table(stats))
         print(
             f"wrote {manifest.directory} (vocab {manifest.spm.src_vocab_size}/{manifest.spm.tgt_vocab_size})"

@@ -24,9 +24,10 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="nmt-serve",
         description=(
-            'Serve translations over HTTP: POST /translate {"q": str | [str], "source", "target"} -> '
-            '{"translatedText": ...} (LibreTranslate\'s shape), GET /health, a web page at /. Concurrent requests '
-            "are batched into one decode. SIGTERM (or Ctrl+C) answers the requests in flight, then exits 0 "
+            'Serve translations over HTTP: POST /translate {"q": str | [str], "source", "target", '
+            '"alternatives"} -> {"translatedText": ...} (LibreTranslate\'s shape, JSON or form), POST /detect, '
+            "GET /languages, GET /health, a web page at /. A multilingual model serves each request's "
+            "direction. Concurrent requests are batched into one decode. SIGTERM (or Ctrl+C) answers the requests in flight, then exits 0 "
             "(within --shutdown-timeout). "
             "Needs pip install 'nmt[serve]' (and 'nmt[ct2]' for an exported directory)."
         ),
@@ -44,6 +45,11 @@ def build_parser() -> ArgumentParser:
         type=int,
         default=0,
         help="compute threads (0: one per core, or OMP_NUM_THREADS when set)",
+    )
+    parser.add_argument(
+        "--zero-shot",
+        action="store_true",
+        help="a multilingual model: also serve the directions it was not trained on (between its languages)",
     )
     parser.add_argument(
         "--access-log",
@@ -99,7 +105,12 @@ def _serve(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         # First-call allocations happen here, not in a user's request; under any --min-len (an
         # impossible one failed when the translator was made, a long one may not fit "warm up").
-        translator.translate(["warm up"], min_len=0)
+        warm_up = (
+            {}
+            if translator.languages is None
+            else dict(zip(("source_lang", "target_lang"), translator.languages.pairs[0].split("-")))
+        )
+        translator.translate(["warm up"], min_len=0, **warm_up)
         logger.info(
             "model loaded from %s (%s -> %s), warm-up decode %.0f ms",
             args.path,
@@ -109,7 +120,12 @@ def _serve(args: argparse.Namespace) -> int:
         )
         backend = "ctranslate2" if isinstance(translator.model, CT2Model) else "torch"
         app = create_app(
-            translator, serve_cfg, source_lang=source_lang, target_lang=target_lang, backend=backend
+            translator,
+            serve_cfg,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            backend=backend,
+            zero_shot=args.zero_shot,
         )
         server = uvicorn.Server(
             uvicorn.Config(

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from nmt.config import (
@@ -117,40 +118,72 @@ def _pretrained_model_config(
 
 
 def make_bleu_validator(
-    manifest: Manifest, split: str, *, search: dict[str, object], print_samples: bool = False
-) -> Callable[[torch.nn.Module, torch.device], float]:
-    """--eval-bleu: decode the validation split (batched, greedy or small beam) and score it with sacreBLEU.
-
+    manifest: Manifest,
+    split: str,
+    *,
+    search: dict[str, object],
+    print_samples: bool = False,
+    lang_tok: str = "encoder",
+) -> Callable[[torch.nn.Module, torch.device], float | dict[str, float]]:
+    """--eval-bleu: decode the validation split (batched, greedy or small beam) and score it with
+    sacreBLEU; on a multilingual dataset every direction's, scored apart (a dict by direction).
     Built here because nmt.train must not import nmt.eval; the trainer only sees the callback.
     """
     from nmt.config import EvalConfig
     from nmt.data import SentencePieceModel
+    from nmt.eval.languages import Languages
     from nmt.eval.translate import Translator, load_split, read_references
 
     data_dir = manifest.directory
     src_spm = SentencePieceModel.load(manifest.path(manifest.spm.src_model))
     tgt_spm = SentencePieceModel.load(manifest.path(manifest.spm.tgt_model))
-    split_data = load_split(data_dir, split, src_spm=src_spm, manifest=manifest)
-    if split_data.reference_path is None:
-        raise ValueError(
-            f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {split!r}"
+    languages = (
+        Languages(pairs=manifest.lang_pairs, tags=dict(manifest.tags), placement=lang_tok)
+        if manifest.multilingual
+        else None
+    )
+    splits = manifest.direction_splits(split) if languages is not None else {"": split}
+    sets = {}
+    for pair, name in splits.items():
+        split_data = load_split(data_dir, name, src_spm=src_spm, manifest=manifest)
+        if split_data.reference_path is None:
+            raise ValueError(
+                f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {name!r}"
+            )
+        references = read_references(
+            split_data.reference_path, line_numbers=split_data.line_numbers
         )
-    references = read_references(split_data.reference_path, line_numbers=split_data.line_numbers)
+        sets[pair] = (split_data, references)
 
-    def validate(model: torch.nn.Module, device: torch.device) -> float:
+    def validate(model: torch.nn.Module, device: torch.device) -> float | dict[str, float]:
         translator = Translator(
-            model, src_spm=src_spm, tgt_spm=tgt_spm, config=EvalConfig(**search)
+            model,
+            src_spm=src_spm,
+            tgt_spm=tgt_spm,
+            config=EvalConfig(**search),
+            languages=languages,
         )
-        hypotheses = [
-            nbest[0].text
-            for nbest in translator.detokenize(translator.generate(split_data.sources))
-        ]
-        if print_samples:
-            for hypothesis, reference in list(zip(hypotheses, references))[:3]:
-                logging.getLogger("nmt.train").info(
-                    "example hypothesis: %s\nexample reference: %s", hypothesis, reference
-                )
-        return translator.score(hypotheses, references)[0].score
+        scores = {}
+        for pair, (split_data, references) in sets.items():
+            direction = translator.direction(*pair.split("-")) if pair else translator.direction()
+            sources = [
+                np.concatenate([np.array(direction.source_prefix, dtype=np.int64), source])
+                for source in split_data.sources
+            ]
+            found = translator.generate(
+                sources, first_tokens=translator.first_tokens(direction, len(sources))
+            )
+            hypotheses = [nbest[0].text for nbest in translator.detokenize(found)]
+            if print_samples:
+                for hypothesis, reference in list(zip(hypotheses, references))[:3]:
+                    logging.getLogger("nmt.train").info(
+                        "example hypothesis%s: %s\nexample reference: %s",
+                        f" ({pair})" if pair else "",
+                        hypothesis,
+                        reference,
+                    )
+            scores[pair] = translator.score(hypotheses, references)[0].score
+        return scores[""] if languages is None else scores
 
     return validate
 
@@ -173,12 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         train_cfg, model_cfg = make_configs(args, manifest)
         bleu_validator = None
         # Without the split, the trainer's validator says what is missing (one line).
-        if train_cfg.checkpoint.eval_bleu and train_cfg.data.valid_subset in manifest.splits:
+        if train_cfg.checkpoint.eval_bleu and (
+            train_cfg.data.valid_subset in manifest.splits
+            or manifest.direction_splits(train_cfg.data.valid_subset)
+        ):
             bleu_validator = make_bleu_validator(
                 manifest,
                 train_cfg.data.valid_subset,
                 search=train_cfg.checkpoint.search_options(),
                 print_samples=train_cfg.checkpoint.eval_bleu_print_samples,
+                lang_tok=train_cfg.data.lang_tok,
             )
         with session(train_cfg.run.device) as this_process:
             scorer = None

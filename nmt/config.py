@@ -103,20 +103,36 @@ def from_dict(cls: type[T], values: dict[str, Any]) -> T:
 
 
 SPECIAL_SYMBOLS = ("pad", "bos", "eos", "unk")
+LANG_TOK_PLACEMENTS = ("encoder", "decoder")  # where a multilingual model reads its target tag
 
 
 @dataclass
 class PreprocessConfig:
-    source_lang: str = opt(help="source language suffix of the text files", aliases=("-s",))
     destdir: str = opt(help="output directory of the dataset")
+    source_lang: str = opt(
+        "", "source language suffix of the text files (or --lang-pairs)", aliases=("-s",)
+    )
     target_lang: str = opt(
-        "", "target language suffix of the text files (none with --only-source)", aliases=("-t",)
+        "",
+        "target language suffix of the text files (none with --only-source or --lang-pairs)",
+        aliases=("-t",),
     )
     only_source: bool = opt(
         False,
         "a monolingual dataset of the --source-lang text of --trainpref (fairseq's flag), encoded with "
         "--spm-model: one token file that both sides of the manifest name (back-translate it with "
         "nmt-eval --output-dataset)",
+    )
+    lang_pairs: str | None = opt(
+        None,
+        "multilingual: directions SRC-TGT, comma-separated (en-de,de-en,en-fr); reads PREFIX.LANG "
+        "(multi-way files) or PREFIX.SRC-TGT.LANG (per-pair files); one joint SentencePiece, each "
+        "language side encoded once",
+    )
+    spm_lang_temperature: float = opt(
+        5.0,
+        "--lang-pairs: SentencePiece's sample takes from each language in proportion to its "
+        "sentences^(1/T), so a small language still gets its pieces (1: by size)",
     )
     trainpref: list[str] = opt(
         default_factory=list,
@@ -173,11 +189,14 @@ class PreprocessConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _require(bool(self.source_lang), "source_lang", "must not be empty")
+        if self.lang_pairs is not None:
+            self._check_multilingual()
+        else:
+            _require(bool(self.source_lang), "source_lang", "must not be empty (or --lang-pairs)")
         if self.only_source:
             self._check_only_source()
-        else:
-            _require(bool(self.target_lang), "target_lang", "must not be empty")
+        elif self.lang_pairs is None:
+            _require(bool(self.target_lang), "target_lang", "must not be empty (or --lang-pairs)")
             _require(
                 self.source_lang != self.target_lang,
                 "target_lang",
@@ -241,6 +260,63 @@ class PreprocessConfig:
     def languages(self) -> tuple[str, str]:
         """(source, target) suffixes: a monolingual dataset's target is its source."""
         return self.source_lang, self.target_lang or self.source_lang
+
+    def _check_multilingual(self) -> None:
+        _require(
+            not (self.source_lang or self.target_lang),
+            "lang_pairs",
+            "names the languages: leave out --source-lang/--target-lang",
+        )
+        parse_lang_pairs(self.lang_pairs or "")  # one line naming the bad pair
+        for name, allowed in (
+            ("separate_vocab", False),
+            ("only_source", False),
+            ("num_shards", 1),
+            ("merge_parts", False),
+        ):
+            _require(
+                getattr(self, name) == allowed,
+                name,
+                "not available with --lang-pairs (one joint vocabulary, one process)",
+            )
+        _require(
+            self.spm_model is None or "," not in self.spm_model,
+            "spm_model",
+            "--lang-pairs takes one joint model",
+        )
+        _require(
+            self.spm_lang_temperature >= 1.0,
+            "spm_lang_temperature",
+            f"must be >= 1, got {self.spm_lang_temperature}",
+        )
+
+
+# A language code: ISO 639-1/639-3 letters, optionally a script or region (zh_Hant, pt_BR). No "-":
+# it separates the two languages of a direction.
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(_[A-Za-z0-9]{2,8})?")
+
+
+def parse_lang_pairs(text: str, *, option: str = "--lang-pairs") -> list[tuple[str, str]]:
+    """``en-de,de-en`` -> [("en", "de"), ("de", "en")]; ValueError (one line, naming the pair) for a
+    malformed pair or language code, a pair into its own language, or a pair listed twice."""
+    pairs: list[tuple[str, str]] = []
+    for item in text.split(","):
+        pair = item.strip()
+        langs = pair.split("-")
+        if len(langs) != 2:
+            raise ValueError(f"{option}: {pair!r} is not a pair SRC-TGT (e.g. en-de)")
+        for lang in langs:
+            if not LANGUAGE_CODE.fullmatch(lang):
+                raise ValueError(
+                    f"{option}: {pair!r}: {lang!r} is not a language code (2-3 lowercase letters, "
+                    "e.g. en, de, fra; optionally _Script or _REGION)"
+                )
+        if langs[0] == langs[1]:
+            raise ValueError(f"{option}: {pair!r} translates a language into itself")
+        if (langs[0], langs[1]) in pairs:
+            raise ValueError(f"{option}: {pair!r} is listed twice")
+        pairs.append((langs[0], langs[1]))
+    return pairs
 
 
 @dataclass
@@ -508,7 +584,16 @@ class DataConfig:
     subset_weights: tuple[float, ...] | None = opt(
         None, "comma-separated weights, one per --train-subsets entry"
     )
-    sampling_temperature: float = opt(0.0, "weights proportional to size^(1/T) (0: to size)")
+    sampling_temperature: float = opt(
+        0.0,
+        "weights proportional to size^(1/T) (0: to size); over the directions of a multilingual dataset too",
+    )
+    lang_tok: str = opt(
+        "encoder",
+        "multilingual datasets: where the target-language tag <2xx> goes: encoder (first source "
+        "token) or decoder (first target token, forced at inference); stored in the checkpoint",
+        choices=LANG_TOK_PLACEMENTS,
+    )
     epoch_samples: int = opt(0, "samples per epoch of the blend (0: the sum of corpus sizes)")
     curriculum: str | None = opt(
         None,
@@ -910,6 +995,21 @@ class EvalIOConfig:
         None, "average the N newest numbered checkpoints in the save dir --path", metavar="N"
     )
     split: str = opt("test", "split of DATA_DIR to translate", aliases=("--gen-subset",))
+    source_lang: str | None = opt(
+        None,
+        "a multilingual model's source language (with -t: the direction; without both on a "
+        "multilingual DATA_DIR: every direction, one table)",
+        aliases=("-s",),
+    )
+    target_lang: str | None = opt(None, "a multilingual model's target language", aliases=("-t",))
+    zero_shot: bool = opt(
+        False, "allow a direction the multilingual model was not trained on (between its languages)"
+    )
+    off_target: bool = opt(
+        False,
+        "also report the off-target rate: % of outputs whose detected language (langid, among the "
+        "model's languages) is not the target (always on in the every-direction table)",
+    )
     input: str | None = opt(
         None,
         "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)",
@@ -988,6 +1088,11 @@ class EvalIOConfig:
         _check_choices(self)
         _require(bool(self.checkpoint_paths), "path", "names no checkpoint")
         self._check_output_dataset()
+        _require(
+            (self.source_lang is None) == (self.target_lang is None),
+            "source_lang" if self.source_lang is None else "target_lang",
+            "a direction needs both -s/--source-lang and -t/--target-lang",
+        )
         _require(
             re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
             "device",

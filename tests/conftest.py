@@ -16,6 +16,7 @@ import threading
 import pytest
 
 from nmt.config import PreprocessConfig
+from nmt.data.multilingual import preprocess_multilingual
 from nmt.data.preprocess import preprocess
 
 # A model small enough that a few updates take well under a second on 2 cores (nmt-train flags).
@@ -224,3 +225,86 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# ----------------------------------------------------------------------------- multilingual
+# A multi-way toy corpus: line i of every language is the same "sentence", word for word.
+MOTS = "le un chien chat court assis sur tapis rouge bleu grand petit maison arbre homme femme enfant balle vert vieux".split()
+MULTI_WORDS = {"en": WORDS, "de": WORTE, "fr": MOTS}
+MULTI_PAIRS = "en-de,de-en,en-fr,fr-en"
+
+
+def write_multiway(directory, name, count, seed):
+    """``directory/name.LANG`` for en, de, fr: ``count`` aligned lines."""
+    rng = random.Random(seed)
+    picks = [[rng.randrange(len(WORDS)) for _ in range(rng.randint(2, 9))] for _ in range(count)]
+    for lang, words in MULTI_WORDS.items():
+        with open(os.path.join(directory, f"{name}.{lang}"), "w", encoding="utf-8") as handle:
+            handle.write("".join(" ".join(words[p] for p in line) + "\n" for line in picks))
+
+
+@pytest.fixture(scope="session")
+def multi_data(tmp_path_factory):
+    """A multilingual dataset (en-de, de-en, en-fr, fr-en) from 400 multi-way lines."""
+    root = tmp_path_factory.mktemp("multi")
+    write_multiway(root, "train", 400, seed=0)
+    write_multiway(root, "valid", 20, seed=1)
+    write_multiway(root, "test", 20, seed=2)
+    preprocess_multilingual(
+        PreprocessConfig(
+            lang_pairs=MULTI_PAIRS,
+            trainpref=[str(root / "train")],
+            validpref=[str(root / "valid")],
+            testpref=[str(root / "test")],
+            destdir=str(root / "data"),
+            spm_vocab_size=100,
+            workers=1,
+        )
+    )
+    return str(root / "data")
+
+
+def train_multilingual(data_dir, save_dir, *extra, updates=400):
+    """A tiny multilingual model (nmt-train, forked from the zygote); its completed process."""
+    args = [
+        data_dir,
+        "--save-dir",
+        str(save_dir),
+        "--max-tokens",
+        "400",
+        "--max-update",
+        str(updates),
+        "--lr",
+        "0.01",
+        "--warmup-updates",
+        "20",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "50",
+        "--no-epoch-checkpoints",
+        "--no-progress-bar",
+        "--dropout",
+        "0",
+        *TINY_MODEL_FLAGS,
+        *extra,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = run_forked("nmt_cli.train", args, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def multi_models(multi_data, tmp_path_factory):
+    """Checkpoints of a tiny multilingual model per tag placement: {"encoder": path, "decoder": path}."""
+    root = tmp_path_factory.mktemp("multi-models")
+    return {
+        placement: (
+            train_multilingual(
+                multi_data, root / placement, "--lang-tok", placement, "--validate-interval", "100"
+            ),
+            str(root / placement / "checkpoint_last.pt"),
+        )[1]
+        for placement in ("encoder", "decoder")
+    }

@@ -84,6 +84,37 @@ class Manifest:
     convention: str = (
         "source = pieces + EOS; target = pieces + EOS; decoder input = BOS + target[:-1]"
     )
+    # Multilingual datasets (nmt-preprocess --lang-pairs): the directions "src-tgt" in the order
+    # given, each with the splits "SPLIT.src-tgt"; the language tags and their ids. Empty otherwise.
+    lang_pairs: tuple[str, ...] = ()
+    tags: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.lang_pairs)
+
+    def direction_split(self, split: str, pair: str) -> str:
+        """The split of one direction: ``valid`` and ``en-de`` -> ``valid.en-de``."""
+        if pair not in self.lang_pairs:
+            raise ValueError(
+                f"{self.directory}: no direction {pair} (has: {', '.join(self.lang_pairs)})"
+            )
+        return direction_split(split, pair)
+
+    def training_splits(self, names: tuple[str, ...] | list[str]) -> list[str]:
+        """The stored splits of training splits ``names``: each direction's on a multilingual
+        dataset (``train`` -> ``train.en-de``, ``train.de-en``...), else the names themselves."""
+        if not self.multilingual:
+            return list(names)
+        return [split for name in names for split in self.direction_splits(name).values()]
+
+    def direction_splits(self, split: str) -> dict[str, str]:
+        """Direction -> its split of ``split`` (e.g. every direction's ``valid``), where present."""
+        return {
+            pair: direction_split(split, pair)
+            for pair in self.lang_pairs
+            if direction_split(split, pair) in self.splits
+        }
 
     def path(self, name: str) -> str:
         """A file of the dataset, wherever the directory is now."""
@@ -107,6 +138,11 @@ class Manifest:
             "splits": {name: _split_json(entry) for name, entry in self.splits.items()},
             "config": self.config,
             "checksums": dict(self.checksums),
+            **(
+                {"lang_pairs": list(self.lang_pairs), "tags": dict(self.tags)}
+                if self.lang_pairs
+                else {}
+            ),
         }
 
     @classmethod
@@ -142,6 +178,8 @@ class Manifest:
             splits={name: reader.split(name, entry) for name, entry in splits.items()},
             checksums=values.get("checksums", {}),
             config=values.get("config", {}),
+            lang_pairs=tuple(values.get("lang_pairs", ())),
+            tags=dict(values.get("tags", {})),
         )
 
     def write(self, directory: str) -> None:
@@ -151,6 +189,10 @@ class Manifest:
         with atomic_write(os.path.join(directory, MANIFEST_NAME), "w", encoding="utf-8") as handle:
             json.dump(self.to_json(), handle, indent=2)
             handle.write("\n")
+
+
+def direction_split(split: str, pair: str) -> str:
+    return f"{split}.{pair}"
 
 
 def _split_json(entry: SplitEntry) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from nmt.data.blend import BlendedCorpus, BlendedEpochs, weights_from_temperatur
 from nmt.data.collate import collate
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.difficulty import DifficultyScorer, corpus_difficulty
+from nmt.data.directions import TaggedCorpus, open_directions
 from nmt.data.manifest import Manifest, load_manifest, verify_checksums
 from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
@@ -158,17 +159,45 @@ class TrainingDataPlan:
                 )
         if cfg.verify_data:
             verify_dataset(self.manifest, rank=rank)
-        self.corpora = [open_subset(self.manifest, name) for name in cfg.train_subsets]
-        self.valid = (
-            ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)
-            if cfg.valid_subset in self.manifest.splits
-            else None
-        )
-        if self.valid is not None and len(self.valid) == 0:
-            raise ValueError(
-                f"{cfg.data_dir}: the validation split {cfg.valid_subset!r} has no pairs: every score "
-                "on it would be 0 (preprocess with a --validpref that has lines, or without one)"
+        # The corpora blended, by name: the training splits, or on a multilingual dataset every
+        # direction of each (``train.en-de``...), its tag in place.
+        self.corpora: list[ParallelCorpus | TaggedCorpus]
+        # Validation sets by direction ("" on a bilingual dataset); empty without a validation split.
+        self.valid_sets: dict[str, ParallelCorpus | TaggedCorpus]
+        if self.manifest.multilingual:
+            directions = [
+                open_directions(self.manifest, name, placement=cfg.lang_tok)
+                for name in cfg.train_subsets
+            ]
+            missing = [name for name, found in zip(cfg.train_subsets, directions) if not found]
+            if missing:
+                raise ValueError(
+                    f"--train-subsets {missing[0]}: {cfg.data_dir} has no such split in any direction"
+                )
+            self.corpus_names = [
+                f"{name}.{pair}"
+                for name, found in zip(cfg.train_subsets, directions)
+                for pair in found
+            ]
+            self.corpora = [corpus for found in directions for corpus in found.values()]
+            self.valid_sets = dict(
+                open_directions(self.manifest, cfg.valid_subset, placement=cfg.lang_tok)
             )
+        else:
+            self.corpus_names = list(cfg.train_subsets)
+            self.corpora = [open_subset(self.manifest, name) for name in cfg.train_subsets]
+            self.valid_sets = (
+                {"": ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)}
+                if cfg.valid_subset in self.manifest.splits
+                else {}
+            )
+        for name, valid in self.valid_sets.items():
+            if len(valid) == 0:
+                raise ValueError(
+                    f"{cfg.data_dir}: the validation split {cfg.valid_subset!r}{f' of {name}' if name else ''} "
+                    "has no pairs: every score on it would be 0 (preprocess with a --validpref that has "
+                    "lines, or without one)"
+                )
         self._check_positions()
         self._report_long_valid_pairs()
         # Padded static shapes round every sample up; packed ones round the batch total instead.
@@ -238,7 +267,7 @@ class TrainingDataPlan:
 
     def _make_blend(self, cache_dir: str | None) -> BlendedEpochs | None:
         cfg = self.cfg
-        if not cfg.blended:
+        if not cfg.blended and len(self.corpora) == 1:
             return None
         sizes = [len(corpus) for corpus in self.corpora]
         if cfg.subset_weights:
@@ -303,7 +332,7 @@ class TrainingDataPlan:
         counts: dict[str, int] = {}
         if isinstance(epoch.dataset, BlendedCorpus):
             samples, tokens = epoch.dataset.per_corpus_counts()
-            for name, num_samples, num_tokens in zip(self.cfg.train_subsets, samples, tokens):
+            for name, num_samples, num_tokens in zip(self.corpus_names, samples, tokens):
                 counts[f"{name}_samples"], counts[f"{name}_tokens"] = (
                     int(num_samples),
                     int(num_tokens),
@@ -405,15 +434,21 @@ class TrainingDataPlan:
         ]
 
     # ----------------------------------------------------------------------------- validation
-    def valid_batches(self) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's share of the validation split, in length order, under the same budget.
-        Sentences longer than the model's positions or the budget are truncated (counted, logged
-        once): validation never stops a run."""
-        if self.valid is None:
+    @property
+    def valid(self) -> ParallelCorpus | TaggedCorpus | None:
+        """The validation set (a multilingual dataset's first direction); None without one."""
+        return next(iter(self.valid_sets.values()), None)
+
+    def valid_batches(self, direction: str = "") -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's share of the validation split (of one ``direction`` of a multilingual
+        dataset), in length order, under the same budget. Sentences longer than the model's
+        positions or the budget are truncated (counted, logged once): validation never stops a run."""
+        if direction not in self.valid_sets:
             return
+        valid = self.valid_sets[direction]
         limits = self._valid_limits()
-        src = np.minimum(self.valid.src_lengths, limits[0])
-        tgt = np.minimum(self.valid.tgt_lengths, limits[1])
+        src = np.minimum(valid.src_lengths, limits[0])
+        tgt = np.minimum(valid.tgt_lengths, limits[1])
         cfg = dataclasses.replace(
             self.batching, batch_noise=0.0, competence_updates=0, curriculum_epochs=0
         )
@@ -425,7 +460,7 @@ class TrainingDataPlan:
         for i in range(len(batches)):
             indices = batches[i]
             if indices.size:
-                samples = [self.valid[int(j)] for j in indices]
+                samples = [valid[int(j)] for j in indices]
                 yield collate(
                     [(truncate(s, limits[0]), truncate(t, limits[1])) for s, t in samples],
                     pad_id=PAD_ID,
@@ -439,21 +474,21 @@ class TrainingDataPlan:
         return min(positions[0], budget), min(positions[1], budget)
 
     def _report_long_valid_pairs(self) -> None:
-        if self.valid is None:
-            return
         src_limit, tgt_limit = self._valid_limits()
-        too_long = int(
-            ((self.valid.src_lengths > src_limit) | (self.valid.tgt_lengths > tgt_limit)).sum()
-        )
-        if too_long:
-            logger.warning(
-                "%d of %d validation pairs are longer than the model's positions or --max-tokens "
-                "(source %d, target %d tokens): they are truncated for validation",
-                too_long,
-                len(self.valid),
-                src_limit,
-                tgt_limit,
+        for name, valid in self.valid_sets.items():
+            too_long = int(
+                ((valid.src_lengths > src_limit) | (valid.tgt_lengths > tgt_limit)).sum()
             )
+            if too_long:
+                logger.warning(
+                    "%d of %d validation pairs%s are longer than the model's positions or "
+                    "--max-tokens (source %d, target %d tokens): they are truncated for validation",
+                    too_long,
+                    len(valid),
+                    f" ({name})" if name else "",
+                    src_limit,
+                    tgt_limit,
+                )
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:

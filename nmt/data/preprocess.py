@@ -890,7 +890,11 @@ def preprocess(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
     """Run the whole pipeline; returns (manifest, per-split statistics).
 
     Sharded, the manifest is the whole dataset's once every part is done, else this part's.
+    ``--lang-pairs`` datasets are ``nmt.data.multilingual.preprocess_multilingual``'s (it builds
+    on this module).
     """
+    if cfg.lang_pairs is not None:
+        raise ValueError("--lang-pairs: a multilingual dataset (nmt.data.multilingual)")
     shard = shard_of(cfg)
     pool = EncodePool(cfg.workers or os.cpu_count() or 1, kind=cfg.encoder)
     destdir = os.path.abspath(cfg.destdir)

@@ -1,8 +1,14 @@
 """nmt-serve's ASGI app: LibreTranslate's request shape over a dynamically batched Translator.
 
-    POST /translate  {"q": "text" | ["text", ...], "source": "en", "target": "de"}
-                     -> {"translatedText": "..." | ["...", ...]}
+    POST /translate  {"q": "text" | ["text", ...], "source": "en", "target": "de", "alternatives": 2}
+                     -> {"translatedText": "..." | ["...", ...], "alternatives": [...]}
+                     (JSON, or a form: application/x-www-form-urlencoded, as LibreTranslate's clients post)
+    POST /detect     {"q": "text"} -> [{"confidence": 98.5, "language": "en"}]
     GET  /health     -> {"status": "ok", ...}      GET /languages (LibreTranslate's list)     GET / (a web page)
+
+A multilingual model serves every direction it was trained on (``source``/``target`` per request;
+requests of different directions share a decode; ``source: auto`` is identified by langid; an
+untrained direction is a 400 naming the directions, unless nmt-serve --zero-shot).
 
 A text is split into sentences on "\\n" only and joined back with "\\n" (one sentence per line, as
 everywhere in nmt). Concurrent requests meet in one queue; a single task takes from it a batch of
@@ -30,6 +36,7 @@ import importlib.resources
 import json
 import logging
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from nmt.config import opt, option_name
-from nmt.data.spm import EOS_ID
 from nmt.eval.hypothesis import LengthLimitError
+from nmt.eval.languages import BILINGUAL, Direction, Languages
 from nmt.eval.translate import Translator
 
 logger = logging.getLogger(__name__)
@@ -111,10 +118,12 @@ class RequestError(Exception):
 class _Job:
     """One request's sentences on their way through the queue."""
 
-    sources: list[np.ndarray]  # piece ids + EOS, one per sentence
+    sources: list[np.ndarray]  # piece ids + EOS, one per sentence (a source tag first)
     num_tokens: int
     arrived: float  # event-loop time
-    future: asyncio.Future[list[str]]
+    future: asyncio.Future[list[list[str]]]
+    first_token: int | None = None  # a decoder-side target tag, forced
+    nbest: int = 1
 
 
 class DynamicBatcher:
@@ -148,20 +157,25 @@ class DynamicBatcher:
                 await self._task
         self._executor.shutdown(wait=True)
 
-    async def translate(self, sentences: list[str]) -> list[str]:
-        """Translations of ``sentences`` (in order), decoded together with whatever else is queued.
+    async def translate(
+        self, sentences: list[str], *, direction: Direction = BILINGUAL, nbest: int = 1
+    ) -> list[list[str]]:
+        """The ``nbest`` best translations of each of ``sentences`` (in order), decoded together
+        with whatever else is queued (other directions of a multilingual model included).
 
         A sentence that cannot be translated as asked (longer than the model reads, or under a
         length limit shorter than --min-len) raises ``LengthLimitError`` before it joins a batch.
         """
         loop = asyncio.get_running_loop()
-        sources = [
-            np.array(ids + [EOS_ID], dtype=np.int64)
-            for ids in self.translator.src_spm.encode(sentences)
-        ]
+        sources = self.translator.encode(sentences, direction=direction)
         self.translator.check_sources(sources, self.translator.config, truncate=False)
         job = _Job(
-            sources, sum(len(source) for source in sources), loop.time(), loop.create_future()
+            sources,
+            sum(len(source) for source in sources),
+            loop.time(),
+            loop.create_future(),
+            first_token=direction.first_token,
+            nbest=nbest,
         )
         self._jobs.append(job)
         self._queued_tokens += job.num_tokens
@@ -202,9 +216,15 @@ class DynamicBatcher:
         waited_ms = (loop.time() - batch[0].arrived) * 1000
         started = time.perf_counter()
         sources = [source for job in batch for source in job.sources]
+        first_tokens = (
+            None
+            if all(job.first_token is None for job in batch)
+            else [job.first_token for job in batch for _ in job.sources]
+        )
+        nbest = max(job.nbest for job in batch)
         try:
             texts, num_target_tokens = await loop.run_in_executor(
-                self._executor, self._translate, sources
+                self._executor, self._translate, sources, first_tokens, nbest
             )
         except Exception as error:  # a failed decode fails its own request, not the service
             if len(batch) > 1:  # nor the requests that shared its batch: each goes again alone
@@ -225,7 +245,9 @@ class DynamicBatcher:
         offset = 0
         for job in batch:
             if not job.future.done():  # done: the client went away (the handler was cancelled)
-                job.future.set_result(texts[offset : offset + len(job.sources)])
+                job.future.set_result(
+                    [nbest[: job.nbest] for nbest in texts[offset : offset + len(job.sources)]]
+                )
             offset += len(job.sources)
         logger.info(
             "batch %d: %d requests, %d sentences, %d source tokens -> %d target tokens, %.1f ms (oldest waited %.1f ms)",
@@ -238,18 +260,47 @@ class DynamicBatcher:
             waited_ms,
         )
 
-    def _translate(self, sources: list[np.ndarray]) -> tuple[list[str], int]:
-        """On the decode thread: best translation per source, and the target tokens (EOS counted)."""
-        nbests = self.translator.detokenize(self.translator.generate(sources))
-        return [nbest[0].text for nbest in nbests], sum(
-            len(nbest[0].tokens) + 1 for nbest in nbests
+    def _translate(
+        self, sources: list[np.ndarray], first_tokens: list[int] | None, nbest: int
+    ) -> tuple[list[list[str]], int]:
+        """On the decode thread: the ``nbest`` best translations per source, and the target
+        tokens of the best ones (EOS counted)."""
+        options = (
+            {} if nbest == 1 else {"nbest": nbest, "beam": max(nbest, self.translator.config.beam)}
+        )
+        nbests = self.translator.detokenize(
+            self.translator.generate(sources, first_tokens=first_tokens, **options)
+        )
+        return [[t.text for t in found] for found in nbests], sum(
+            len(found[0].tokens) + 1 for found in nbests
         )
 
 
-def parse_request(
-    body: bytes, *, source_lang: str, target_lang: str, max_sentences: int
-) -> tuple[list[list[str]], bool]:
-    """A LibreTranslate body -> per text its lines, and whether ``q`` was a list; RequestError otherwise."""
+@dataclass
+class TranslateRequest:
+    """A parsed POST /translate (or /detect: ``q`` only)."""
+
+    lines: list[list[str]]  # per text of q, its lines (sentences)
+    is_list: bool  # q was a list
+    source: str | None = None  # "auto": detect it
+    target: str | None = None
+    alternatives: int = 0  # further translations besides the best
+
+
+MAX_ALTERNATIVES = 8
+
+
+def _payload(body: bytes, content_type: str) -> dict[str, Any]:
+    """A JSON object, or a form (``application/x-www-form-urlencoded``, as LibreTranslate's own
+    clients post it): a key given several times is a list."""
+    if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        try:
+            fields = urllib.parse.parse_qs(
+                body.decode("utf-8"), keep_blank_values=True, strict_parsing=False
+            )
+        except UnicodeDecodeError as error:
+            raise RequestError(400, f"invalid form: not UTF-8 ({error.reason})") from None
+        return {key: values[0] if len(values) == 1 else values for key, values in fields.items()}
     try:
         payload = json.loads(body)
     except RecursionError:
@@ -260,6 +311,15 @@ def parse_request(
         raise RequestError(
             400, 'the body must be a JSON object like {"q": "text", "source": "en", "target": "de"}'
         )
+    return payload
+
+
+def parse_request(
+    body: bytes, *, max_sentences: int, content_type: str = "application/json"
+) -> TranslateRequest:
+    """A LibreTranslate body (JSON or form) -> a ``TranslateRequest``; RequestError otherwise.
+    Which directions exist is the service's to check (``Service.direction``)."""
+    payload = _payload(body, content_type)
     if "q" not in payload:
         raise RequestError(400, "missing q: the text to translate (a string or a list of strings)")
     q = payload["q"]
@@ -276,18 +336,28 @@ def parse_request(
                 f"{_where(number, None, is_list)}: character {error.start + 1} is a lone surrogate "
                 f"(U+{ord(text[error.start]):04X}), which is not text",
             ) from None
-    for key, expected, allowed in (
-        ("source", source_lang, {source_lang, "auto"}),
-        ("target", target_lang, {target_lang}),
-    ):
-        value = payload.get(key, expected)
-        if not isinstance(value, str):
+    for key in ("source", "target"):
+        if not isinstance(payload.get(key, ""), str):
             raise RequestError(400, f"{key}: must be a string")
-        if value not in allowed:
-            raise RequestError(
-                400,
-                f"{key}: this service translates {source_lang} -> {target_lang}, not {key} {value!r}",
-            )
+    text_format = payload.get("format", "text")
+    if text_format != "text":
+        raise RequestError(
+            400,
+            f"format: only 'text' is served (got {text_format!r}); send the text between the "
+            "tags of an HTML document as text",
+        )
+    alternatives = payload.get("alternatives", 0)
+    if isinstance(alternatives, str) and alternatives.isdigit():  # a form's values are strings
+        alternatives = int(alternatives)
+    if (
+        not isinstance(alternatives, int)
+        or isinstance(alternatives, bool)
+        or not 0 <= alternatives <= MAX_ALTERNATIVES
+    ):
+        raise RequestError(
+            400,
+            f"alternatives: must be an integer from 0 to {MAX_ALTERNATIVES}, got {alternatives!r}",
+        )
     lines = [text.split("\n") for text in texts]  # one sentence per line: "\n" only
     num_sentences = sum(len(text_lines) for text_lines in lines)
     if num_sentences > max_sentences:
@@ -295,7 +365,91 @@ def parse_request(
             400,
             f"too many sentences: {num_sentences} in one request, at most {max_sentences} (--max-request-sentences)",
         )
-    return lines, is_list
+    return TranslateRequest(
+        lines,
+        is_list,
+        source=payload.get("source") or None,
+        target=payload.get("target") or None,
+        alternatives=alternatives,
+    )
+
+
+@dataclass(frozen=True)
+class Service:
+    """What the service translates: one direction (a bilingual model), or a multilingual model's
+    directions (untrained ones only with ``zero_shot``)."""
+
+    source_lang: str
+    target_lang: str
+    languages: Languages | None = None
+    zero_shot: bool = False
+
+    @property
+    def codes(self) -> list[str]:
+        if self.languages is None:
+            return [self.source_lang, self.target_lang]
+        return sorted(set(self.languages.sources) | set(self.languages.targets))
+
+    def direction(self, source: str | None, target: str | None) -> Direction:
+        """The direction of a request (``source`` already detected when it was "auto")."""
+        if self.languages is None:
+            for key, value, expected in (
+                ("source", source, self.source_lang),
+                ("target", target, self.target_lang),
+            ):
+                if value not in (None, expected):
+                    raise RequestError(
+                        400,
+                        f"{key}: this service translates {self.source_lang} -> "
+                        f"{self.target_lang}, not {key} {value!r}",
+                    )
+            return BILINGUAL
+        if not source or not target:
+            raise RequestError(
+                400,
+                f"{'source' if not source else 'target'}: required by this multilingual service "
+                f"(directions: {', '.join(self.languages.pairs)})",
+            )
+        try:
+            return self.languages.direction(source, target, zero_shot=self.zero_shot)
+        except ValueError as error:
+            raise RequestError(
+                400, str(error).replace("--zero-shot", "nmt-serve --zero-shot")
+            ) from None
+
+    def listing(self) -> list[dict[str, Any]]:
+        """LibreTranslate's /languages: each language and the targets it translates into."""
+        if self.languages is None:
+            return [
+                {"code": self.source_lang, "name": self.source_lang, "targets": [self.target_lang]},
+                {"code": self.target_lang, "name": self.target_lang, "targets": []},
+            ]
+        pairs = [pair.split("-") for pair in self.languages.pairs]
+        return [
+            {
+                "code": code,
+                "name": code,
+                "targets": sorted(
+                    target
+                    for target in self.languages.targets
+                    if target != code
+                    and (
+                        self.zero_shot and code in self.languages.sources or [code, target] in pairs
+                    )
+                ),
+            }
+            for code in self.codes
+        ]
+
+    def detect(self, texts: list[str]) -> list[tuple[str, float]]:
+        """(language, confidence 0-100) of each text, among the languages the model reads."""
+        from nmt.eval.language_id import detect
+
+        sources = self.languages.sources if self.languages is not None else [self.source_lang]
+        return [
+            (lang, round(100.0 * confidence, 2))
+            for lang, confidence in detect(texts, languages=sources)
+        ]
 
 
 def _where(text: int, line: int | None, is_list: bool) -> str:
@@ -355,9 +509,16 @@ def web_page(*, source_lang: str, target_lang: str) -> str:
 
 
 def create_app(
-    translator: Translator, cfg: ServeConfig, *, source_lang: str, target_lang: str, backend: str
+    translator: Translator,
+    cfg: ServeConfig,
+    *,
+    source_lang: str,
+    target_lang: str,
+    backend: str,
+    zero_shot: bool = False,
 ) -> Any:
-    """The Starlette app; its lifespan starts and stops the batcher (so it must run under an ASGI server)."""
+    """The Starlette app; its lifespan starts and stops the batcher (so it must run under an ASGI server).
+    A multilingual translator serves each request's ``source``/``target`` direction."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
@@ -365,7 +526,13 @@ def create_app(
     from starlette.routing import Route
 
     state: dict[str, DynamicBatcher] = {}
-    page = web_page(source_lang=source_lang, target_lang=target_lang)
+    service = Service(source_lang, target_lang, translator.languages, zero_shot)
+    first = (
+        (source_lang, target_lang)
+        if translator.languages is None
+        else tuple(translator.languages.pairs[0].split("-"))
+    )
+    page = web_page(source_lang=first[0], target_lang=first[1])
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -388,35 +555,85 @@ def create_app(
                 headers={"connection": "close"},
             )
 
+    async def parsed(request: Request) -> TranslateRequest:
+        body = await read_body(request, limit=cfg.max_body_bytes, timeout=cfg.body_timeout)
+        return parse_request(
+            body,
+            max_sentences=cfg.max_request_sentences,
+            content_type=request.headers.get("content-type", "application/json"),
+        )
+
+    def error_response(error: RequestError) -> Response:
+        return JSONResponse(
+            {"error": error.message},
+            status_code=error.status,
+            headers={"connection": "close"} if error.close else None,
+        )
+
     async def answer(request: Request) -> Response:
+        detected: dict[str, Any] | None = None
         try:
-            body = await read_body(request, limit=cfg.max_body_bytes, timeout=cfg.body_timeout)
-            lines, is_list = parse_request(
-                body,
-                source_lang=source_lang,
-                target_lang=target_lang,
-                max_sentences=cfg.max_request_sentences,
-            )
+            asked = await parsed(request)
+            source = asked.source
+            if source == "auto" and service.languages is not None:
+                text = " ".join(line for lines in asked.lines for line in lines)
+                language, confidence = (await run_detect([text]))[0]
+                source, detected = language, {"confidence": confidence, "language": language}
+            elif source == "auto":
+                source = None
+            direction = service.direction(source, asked.target)
         except RequestError as error:
-            return JSONResponse(
-                {"error": error.message},
-                status_code=error.status,
-                headers={"connection": "close"} if error.close else None,
-            )
+            return error_response(error)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it
+        lines, is_list = asked.lines, asked.is_list
         try:
             translations = await state["batcher"].translate(
-                [line for text_lines in lines for line in text_lines]
+                [line for text_lines in lines for line in text_lines],
+                direction=direction,
+                nbest=asked.alternatives + 1,
             )
         except LengthLimitError as error:
             where = locate(lines, error.index, is_list=is_list)
             return JSONResponse({"error": f"{where}: {error.reason}"}, status_code=400)
-        texts, offset = [], 0
+        ranked: list[list[str]] = []  # per text: its best, then its alternatives
+        offset = 0
         for text_lines in lines:
-            texts.append("\n".join(translations[offset : offset + len(text_lines)]))
+            found = translations[offset : offset + len(text_lines)]
+            ranked.append(
+                [
+                    "\n".join(nbest[min(rank, len(nbest) - 1)] for nbest in found)
+                    for rank in range(asked.alternatives + 1)
+                ]
+            )
             offset += len(text_lines)
-        return JSONResponse({"translatedText": texts if is_list else texts[0]})
+        response: dict[str, Any] = {
+            "translatedText": [r[0] for r in ranked] if is_list else ranked[0][0]
+        }
+        if asked.alternatives:
+            response["alternatives"] = [r[1:] for r in ranked] if is_list else ranked[0][1:]
+        if detected is not None:
+            response["detectedLanguage"] = [detected] * len(lines) if is_list else detected
+        return JSONResponse(response)
+
+    async def run_detect(texts: list[str]) -> list[tuple[str, float]]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, service.detect, texts)
+        except ValueError as error:  # langid not installed
+            raise RequestError(501, str(error)) from None
+
+    async def detect(request: Request) -> Response:
+        """LibreTranslate's POST /detect: [{"confidence": 0-100, "language": code}] (q a string),
+        one such list per text (q a list)."""
+        try:
+            asked = await parsed(request)
+            found = await run_detect(["\n".join(text_lines) for text_lines in asked.lines])
+        except RequestError as error:
+            return error_response(error)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        results = [[{"confidence": confidence, "language": lang}] for lang, confidence in found]
+        return JSONResponse(results if asked.is_list else results[0])
 
     async def health(request: Request) -> Response:
         batcher = state["batcher"]
@@ -432,12 +649,7 @@ def create_app(
         )
 
     async def languages(request: Request) -> Response:
-        return JSONResponse(
-            [
-                {"code": source_lang, "name": source_lang, "targets": [target_lang]},
-                {"code": target_lang, "name": target_lang, "targets": []},
-            ]
-        )
+        return JSONResponse(service.listing())
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -459,6 +671,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/languages", languages, methods=["GET"]),
             Route("/translate", translate, methods=["POST"]),
+            Route("/detect", detect, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

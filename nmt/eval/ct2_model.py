@@ -37,6 +37,7 @@ import numpy as np
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.eval.hypothesis import Hypothesis, max_target_lengths
+from nmt.eval.languages import Languages
 
 EXPORT_MANIFEST = "nmt_export.json"
 EXPORT_FORMAT = "nmt-ctranslate2"
@@ -115,14 +116,16 @@ class CT2Model:
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         name: str = "<ctranslate2 model>",
+        languages: Languages | None = None,
     ) -> None:
         self.translator = translator  # a ctranslate2.Translator
+        self.languages = languages
         self.cfg = cfg
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
         self.name = name
         self._src_pieces = pieces(src_spm)
-        tgt_pieces = pieces(tgt_spm)
+        tgt_pieces = self._tgt_pieces = pieces(tgt_spm)
         self._tgt_ids = {piece: index for index, piece in enumerate(tgt_pieces)}
         # one-token sequences: always suppressed (the tags too: never in any output)
         self._banned = [
@@ -162,7 +165,14 @@ class CT2Model:
         logging.getLogger("nmt.eval").info(
             "decoding on %s with CTranslate2 (%s)", device_type, translator.compute_type
         )
-        return cls(translator, cfg=cfg, src_spm=src_spm, tgt_spm=tgt_spm, name=directory)
+        return cls(
+            translator,
+            cfg=cfg,
+            src_spm=src_spm,
+            tgt_spm=tgt_spm,
+            name=directory,
+            languages=Languages.from_vocab(manifest.get("languages", {})),
+        )
 
     @property
     def max_source_positions(self) -> int:
@@ -179,17 +189,32 @@ class CT2Model:
         return functools.partial(self.generate_batch, cfg=cfg)
 
     def generate_batch(
-        self, sources: list[np.ndarray], lengths: np.ndarray, cfg: EvalConfig
+        self,
+        sources: list[np.ndarray],
+        lengths: np.ndarray,
+        first_tokens: list[int] | None = None,
+        *,
+        cfg: EvalConfig,
     ) -> list[list[Hypothesis]]:
         """Sources (EOS last) cut to ``lengths`` -> n-best hypotheses each; sentences that ran past their
-        own length limit go again under it."""
+        own length limit go again under it. ``first_tokens``: each output's forced first token
+        (CTranslate2's ``target_prefix``: a decoder-side language tag), left out of the output."""
         tokens = [
             [self._src_pieces[i] for i in source[: length - 1]]
             for source, length in zip(sources, lengths)
         ]
-        max_len = max_target_lengths(lengths, cfg, max_positions=self.cfg.max_target_positions)
+        prefixes = None if first_tokens is None else [[self._tgt_pieces[i]] for i in first_tokens]
+        # The forced first token (if any) is CTranslate2's target_prefix: it counts towards
+        # CTranslate2's length limit, not towards ours (as in the PyTorch search).
+        forced = 0 if prefixes is None else 1
+        max_len = max_target_lengths(
+            lengths, cfg, max_positions=self.cfg.max_target_positions - forced
+        )
         # CTranslate2's limit counts EOS; ours counts the tokens before the EOS that ends them.
-        results = self._search(tokens, cfg, max_decoding_length=int(max_len.max()) + 1)
+        results = self._search(
+            tokens, cfg, max_decoding_length=int(max_len.max()) + 1 + forced, target_prefix=prefixes
+        )
+        results = [[(ids[forced:], score) for ids, score in nbest] for nbest in results]
         # A hypothesis of n tokens ended at step n (EOS) or was cut there: still running at step max_len.
         overran = [
             i for i, nbest in enumerate(results) if max(len(ids) for ids, _ in nbest) >= max_len[i]
@@ -199,17 +224,25 @@ class CT2Model:
             # Under a limit of `limit` steps, hypotheses still running are cut at `limit` tokens, where
             # ours end with a forced EOS.
             redone = self._search(
-                [tokens[i] for i in again], cfg, max_decoding_length=max(limit, 1)
+                [tokens[i] for i in again],
+                cfg,
+                max_decoding_length=max(limit, 1) + forced,
+                target_prefix=None if prefixes is None else [prefixes[i] for i in again],
             )
             for i, nbest in zip(again, redone):
-                results[i] = [(ids[:limit], score) for ids, score in nbest]
+                results[i] = [(ids[forced:][:limit], score) for ids, score in nbest]
         return [
             [Hypothesis(tokens=ids, score=score) for ids, score in nbest[: cfg.nbest]]
             for nbest in results
         ]
 
     def _search(
-        self, tokens: list[list[str]], cfg: EvalConfig, *, max_decoding_length: int
+        self,
+        tokens: list[list[str]],
+        cfg: EvalConfig,
+        *,
+        max_decoding_length: int,
+        target_prefix: list[list[str]] | None = None,
     ) -> list[list[tuple[list[int], float]]]:
         """Per sentence, every hypothesis CTranslate2 returns as (ids without EOS, score), best first.
 
@@ -225,6 +258,7 @@ class CT2Model:
         try:
             outputs = self.translator.translate_batch(
                 tokens,
+                **({} if target_prefix is None else {"target_prefix": target_prefix}),
                 beam_size=1 if cfg.sampling else cfg.beam,
                 # All beams (or samples): the caller keeps nbest, and needs them all to see overruns.
                 num_hypotheses=1 if cfg.sampling and sampling_topk == 1 else cfg.beam,

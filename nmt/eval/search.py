@@ -20,6 +20,7 @@ per step is the check for newly finished sentences; maximum lengths are known on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,23 +42,30 @@ def generate(
     *,
     generator: torch.Generator | None = None,
     banned: Sequence[int] = (),
+    first_tokens: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Padded source (B, S) with lengths (B,) (EOS included) -> per sentence, ``cfg.nbest`` hypotheses.
 
-    PAD, BOS and ``banned`` (the vocabulary's tags) are never generated.
+    PAD, BOS and ``banned`` (the vocabulary's tags) are never generated. ``first_tokens`` (B,):
+    each sentence's first output token is forced to it (a multilingual model's target tag on the
+    decoder side), scored 0 and left out of the hypotheses; that token does not count towards
+    ``min_len`` and the length limit.
 
     ``cfg.beam == 1`` takes the greedy path; ``cfg.sampling`` draws ``cfg.beam`` samples per
     sentence (with ``generator`` for reproducibility) and keeps the ``cfg.nbest`` best-scoring.
     An ``Ensemble`` of several models decodes with the mean of their probabilities at every step.
     """
     ensemble = model if isinstance(model, Ensemble) else Ensemble([model])
+    forced = 0 if first_tokens is None else 1
     max_len = max_target_lengths(
-        src_lengths.cpu().numpy(), cfg, max_positions=ensemble.max_target_positions
+        src_lengths.cpu().numpy(), cfg, max_positions=ensemble.max_target_positions - forced
     )
+    if forced:
+        max_len, cfg = max_len + 1, dataclasses.replace(cfg, min_len=cfg.min_len + 1)
     state = ensemble.start(src_tokens, src_lengths)
     never = torch.tensor([PAD_ID, BOS_ID, *banned], dtype=torch.long, device=src_tokens.device)
     if cfg.sampling or cfg.beam == 1:
-        return _one_token_per_row(
+        found = _one_token_per_row(
             ensemble,
             state,
             max_len,
@@ -65,8 +73,23 @@ def generate(
             generator=generator,
             device=src_tokens.device,
             never=never,
+            first_tokens=first_tokens,
         )
-    return _beam_search(ensemble, state, max_len, cfg, device=src_tokens.device, never=never)
+    else:
+        found = _beam_search(
+            ensemble,
+            state,
+            max_len,
+            cfg,
+            device=src_tokens.device,
+            never=never,
+            first_tokens=first_tokens,
+        )
+    if forced:
+        for nbest in found:
+            for hypothesis in nbest:
+                hypothesis.tokens = hypothesis.tokens[1:]
+    return found
 
 
 def _next_log_probs(
@@ -78,12 +101,16 @@ def _next_log_probs(
     force_eos: torch.Tensor | None,
     cfg: EvalConfig,
     never: torch.Tensor,
+    first_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probabilities (R, V) of the token after ``prefix`` (R, step + 1) (BOS first), constraints applied.
 
     ``force_eos`` (R,) bool marks rows past their maximum length (None: no row is).
+    ``first_tokens`` (R,): at step 0, each row's only possible token (log-probability 0).
     """
     lprobs = ensemble.next_log_probs(prefix[:, -1], state, temperature=cfg.temperature)  # (R, V)
+    if step == 0 and first_tokens is not None:
+        return torch.full_like(lprobs, -torch.inf).scatter_(1, first_tokens[:, None], 0.0)
     lprobs[:, never] = -torch.inf  # PAD, BOS, tags
     if cfg.no_repeat_ngram_size and prefix.shape[1] >= cfg.no_repeat_ngram_size:
         _ban_repeated_ngrams(lprobs, prefix, cfg.no_repeat_ngram_size)
@@ -153,6 +180,7 @@ def _one_token_per_row(
     generator: torch.Generator | None,
     device: torch.device,
     never: torch.Tensor,
+    first_tokens: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy (argmax) or sampling: each row extends one hypothesis; no beams to reorder.
 
@@ -163,6 +191,8 @@ def _one_token_per_row(
     num_rows = num_sentences * per_sentence
     if per_sentence > 1:
         state.reorder(torch.arange(num_sentences, device=device).repeat_interleave(per_sentence))
+        if first_tokens is not None:
+            first_tokens = first_tokens.repeat_interleave(per_sentence)
     row_max_len = np.repeat(max_len, per_sentence)
     finished = _Finished(num_rows, max_steps=int(max_len.max()) + 1, device=device)
     rows = torch.arange(num_rows, device=device)  # original row of each active row
@@ -171,7 +201,14 @@ def _one_token_per_row(
     for step in range(int(row_max_len.max()) + 1):
         force_eos = _force_eos_rows(step, row_max_len, rows_per_sentence=1, device=device)
         lprobs = _next_log_probs(
-            ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg, never=never
+            ensemble,
+            state,
+            prefix,
+            step=step,
+            force_eos=force_eos,
+            cfg=cfg,
+            never=never,
+            first_tokens=first_tokens,
         )
         tokens = _sample(lprobs, cfg, generator) if cfg.sampling else lprobs.argmax(dim=-1)  # (R,)
         sums = sums + lprobs.gather(1, tokens[:, None]).squeeze(1)
@@ -204,6 +241,7 @@ def _beam_search(
     *,
     device: torch.device,
     never: torch.Tensor,
+    first_tokens: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
     finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
@@ -222,7 +260,14 @@ def _beam_search(
             step, max_len, rows_per_sentence=rows_per_sentence, device=device
         )
         lprobs = _next_log_probs(
-            ensemble, state, prefix, step=step, force_eos=force_eos, cfg=cfg, never=never
+            ensemble,
+            state,
+            prefix,
+            step=step,
+            force_eos=force_eos,
+            cfg=cfg,
+            never=never,
+            first_tokens=first_tokens,  # step 0 runs one row per sentence
         )  # (rows, V)
         vocab_size = lprobs.shape[1]
         # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.

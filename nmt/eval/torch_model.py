@@ -25,6 +25,7 @@ from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.device import resolve_device
 from nmt.eval.ensemble import Ensemble
 from nmt.eval.hypothesis import Hypothesis
+from nmt.eval.languages import Languages
 from nmt.eval.search import generate
 from nmt.model import TransformerModel, build_model
 
@@ -58,8 +59,9 @@ def load_models(
     device: str | torch.device,
     average: bool,
     dtype: str | torch.dtype | None,
-) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel]:
-    """Checkpoints -> the models on ``device`` with the SentencePiece models they carry."""
+) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel, Languages | None]:
+    """Checkpoints -> the models on ``device`` with the SentencePiece models they carry (and a
+    multilingual model's directions)."""
     device = resolve_device(str(device))
     dtype = decode_dtype(device, dtype)
     logger.info("decoding on %s with PyTorch", device)
@@ -89,7 +91,7 @@ def load_models(
     tgt_spm = SentencePieceModel(
         tensor_to_bytes(vocab["tgt_spm"]), name=f"{first_path} (target SentencePiece model)"
     )
-    return models, src_spm, tgt_spm
+    return models, src_spm, tgt_spm, Languages.from_vocab(vocab)
 
 
 class TorchModels:
@@ -113,10 +115,20 @@ class TorchModels:
         sampling search draws from one generator seeded with ``cfg.seed`` across its batches."""
         generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
 
-        def search(sources: list[np.ndarray], lengths: np.ndarray) -> list[list[Hypothesis]]:
+        def search(
+            sources: list[np.ndarray], lengths: np.ndarray, first_tokens: list[int] | None = None
+        ) -> list[list[Hypothesis]]:
             src_tokens, src_lengths = self.collate(sources, lengths)
             return generate(
-                self.ensemble, src_tokens, src_lengths, cfg, generator=generator, banned=self.banned
+                self.ensemble,
+                src_tokens,
+                src_lengths,
+                cfg,
+                generator=generator,
+                banned=self.banned,
+                first_tokens=None
+                if first_tokens is None
+                else torch.tensor(first_tokens, dtype=torch.long, device=self.device),
             )
 
         return search

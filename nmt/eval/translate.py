@@ -35,6 +35,7 @@ from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.ct2_model import CT2Model, read_export_manifest
 from nmt.eval.hypothesis import Hypothesis, LengthLimitError, check_min_len
+from nmt.eval.languages import BILINGUAL, Direction, Languages
 from nmt.eval.score import Score, score
 
 if TYPE_CHECKING:  # torch is imported for checkpoints only: an exported model translates without it
@@ -149,7 +150,10 @@ class Translator:
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         config: EvalConfig | None = None,
+        languages: Languages | None = None,
     ) -> None:
+        """``languages``: a multilingual model's directions and tag placement (None: bilingual;
+        an export carries its own)."""
         self.backend: TorchModels | CT2Model
         if isinstance(
             model, CT2Model
@@ -164,6 +168,7 @@ class Translator:
             self.model = self.backend.models[0]
         self.src_spm = src_spm
         self.tgt_spm = tgt_spm
+        self.languages = model.languages if isinstance(model, CT2Model) else languages
         self.config = EvalConfig() if config is None else config
         self.check_sources([], self.config)  # a --min-len no output can meet fails here, at once
 
@@ -226,10 +231,23 @@ class Translator:
             return cls(exported, src_spm=exported.src_spm, tgt_spm=exported.tgt_spm, config=config)
         from nmt.eval import torch_model
 
-        models, src_spm, tgt_spm = torch_model.load_models(
+        models, src_spm, tgt_spm, languages = torch_model.load_models(
             paths, device=device, average=average, dtype=dtype
         )
-        return cls(models, src_spm=src_spm, tgt_spm=tgt_spm, config=config)
+        return cls(models, src_spm=src_spm, tgt_spm=tgt_spm, config=config, languages=languages)
+
+    def direction(
+        self,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        *,
+        zero_shot: bool = False,
+    ) -> Direction:
+        """How to ask for ``source_lang``-``target_lang``: a multilingual model needs both (one line
+        naming its directions otherwise); a bilingual one needs neither (given, they are checked)."""
+        if self.languages is not None:
+            return self.languages.direction(source_lang, target_lang, zero_shot=zero_shot)
+        return BILINGUAL
 
     @overload
     def translate(self, lines: str, *, progress: bool = False, **options: Any) -> str: ...
@@ -239,26 +257,63 @@ class Translator:
     ) -> list[str]: ...
 
     def translate(
-        self, lines: str | Sequence[str], *, progress: bool = False, **options: Any
+        self,
+        lines: str | Sequence[str],
+        *,
+        progress: bool = False,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        **options: Any,
     ) -> str | list[str]:
         """Best translation of each line (of the one sentence, given a ``str``); ``options`` override
-        ``EvalConfig`` fields (beam=5, lenpen=...)."""
+        ``EvalConfig`` fields (beam=5, lenpen=...); a multilingual model needs the direction."""
         sentences, single = _sentences(lines)
         best = [
-            nbest[0].text for nbest in self.translate_nbest(sentences, progress=progress, **options)
+            nbest[0].text
+            for nbest in self.translate_nbest(
+                sentences,
+                progress=progress,
+                source_lang=source_lang,
+                target_lang=target_lang,
+                **options,
+            )
         ]
         return best[0] if single else best
 
     def translate_nbest(
-        self, lines: str | Sequence[str], *, progress: bool = False, **options: Any
+        self,
+        lines: str | Sequence[str],
+        *,
+        progress: bool = False,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        **options: Any,
     ) -> list[list[Translation]]:
         """Per line, ``nbest`` translations, best first (a ``str`` is one line)."""
         sentences, _ = _sentences(lines)
-        return self.detokenize(self.generate(self.encode(sentences), progress=progress, **options))
+        direction = self.direction(source_lang, target_lang)
+        sources = self.encode(sentences, direction=direction)
+        return self.detokenize(
+            self.generate(
+                sources,
+                progress=progress,
+                first_tokens=self.first_tokens(direction, len(sources)),
+                **options,
+            )
+        )
 
-    def encode(self, lines: Sequence[str]) -> list[np.ndarray]:
-        """Source token ids of raw lines, EOS included, as ``generate`` takes them."""
-        return [np.array(ids + [EOS_ID], dtype=np.int64) for ids in self.src_spm.encode(lines)]
+    def encode(self, lines: Sequence[str], *, direction: Direction = BILINGUAL) -> list[np.ndarray]:
+        """Source token ids of raw lines, EOS included, as ``generate`` takes them; a multilingual
+        direction's source tag first. Text never encodes to a tag (they are control symbols)."""
+        prefix = list(direction.source_prefix)
+        return [
+            np.array(prefix + ids + [EOS_ID], dtype=np.int64) for ids in self.src_spm.encode(lines)
+        ]
+
+    @staticmethod
+    def first_tokens(direction: Direction, count: int) -> list[int] | None:
+        """``generate``'s ``first_tokens`` for ``count`` sources of one direction."""
+        return None if direction.first_token is None else [direction.first_token] * count
 
     def detokenize(self, hypotheses: list[list[Hypothesis]]) -> list[list[Translation]]:
         texts = iter(self.tgt_spm.decode([hyp.tokens for nbest in hypotheses for hyp in nbest]))
@@ -268,9 +323,16 @@ class Translator:
         ]
 
     def generate(
-        self, sources: Sequence[np.ndarray], *, progress: bool = False, **options: Any
+        self,
+        sources: Sequence[np.ndarray],
+        *,
+        progress: bool = False,
+        first_tokens: Sequence[int] | None = None,
+        **options: Any,
     ) -> list[list[Hypothesis]]:
-        """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order."""
+        """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order.
+        ``first_tokens``: per source, its forced first output token (a decoder-side language tag,
+        left out of the hypotheses); sources of different directions may share a call."""
         cfg = dataclasses.replace(self.config, **options)
         self.check_sources(sources, cfg)
         lengths = self._source_lengths(sources)
@@ -286,9 +348,13 @@ class Translator:
             leave=False,
         ) as bar:
             for indices in _batches(todo, lengths, lengths, cfg):
-                for index, nbest in zip(
-                    indices, search([sources[i] for i in indices], lengths[indices])
-                ):
+                batch = [sources[i] for i in indices]
+                found = (
+                    search(batch, lengths[indices])
+                    if first_tokens is None
+                    else search(batch, lengths[indices], [first_tokens[i] for i in indices])
+                )
+                for index, nbest in zip(indices, found):
                     results[index] = nbest
                 bar.update(len(indices))
         return results

@@ -87,13 +87,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def read_vocab(manifest: Manifest) -> dict[str, Any]:
-    """What a checkpoint needs to translate raw text on its own: languages, ids, SentencePiece models."""
+def read_vocab(manifest: Manifest, *, lang_tok: str = "encoder") -> dict[str, Any]:
+    """What a checkpoint needs to translate raw text on its own: languages, ids, SentencePiece
+    models; a multilingual model's directions, tags and where its tag goes (``lang_tok``)."""
     vocab: dict[str, Any] = {
         "source_lang": manifest.source_lang,
         "target_lang": manifest.target_lang,
         "special_ids": dict(manifest.special_ids),
     }
+    if manifest.multilingual:
+        vocab.update(
+            lang_pairs=list(manifest.lang_pairs), tags=dict(manifest.tags), lang_tok=lang_tok
+        )
     for side, name in (("src", manifest.spm.src_model), ("tgt", manifest.spm.tgt_model)):
         with open(manifest.path(name), "rb") as handle:
             vocab[f"{side}_spm"] = bytes_to_tensor(handle.read())
@@ -127,8 +132,9 @@ def run_identity(
 ) -> dict[str, dict[str, Any]]:
     """The options and data a checkpoint's state belongs to, grouped as ``IDENTITY_RESETS``."""
     spm_files = sorted({manifest.spm.src_model, manifest.spm.tgt_model})
+    train_splits = manifest.training_splits(cfg.data.train_subsets)
     train_files: dict[str, str] = {}
-    for subset in cfg.data.train_subsets:
+    for subset in train_splits:
         holder, split = subset_manifest(manifest, subset)
         where = "" if holder is manifest else os.path.abspath(holder.directory) + "/"
         prefixes = tuple(
@@ -153,6 +159,11 @@ def run_identity(
     return {
         "vocabulary": {
             "languages": f"{manifest.source_lang}-{manifest.target_lang}",
+            **(
+                {"directions": ",".join(manifest.lang_pairs), "--lang-tok": cfg.data.lang_tok}
+                if manifest.multilingual
+                else {}
+            ),
             **{
                 f"SentencePiece model {name}": manifest.checksums.get(name, "?")
                 for name in spm_files
@@ -168,7 +179,7 @@ def run_identity(
             **dict(sorted(train_files.items())),
             **{
                 f"samples in {split}": subset_entry(manifest, split).num_samples
-                for split in cfg.data.train_subsets
+                for split in train_splits
             },
         },
         "batch sequence": batching,

@@ -43,8 +43,8 @@ from nmt.train.validate import Validator
 logger = logging.getLogger(__name__)
 
 # A validation callback (built by the CLI from nmt.eval, which nmt.train must not import):
-# (unwrapped model, device) -> BLEU on the validation set.
-BleuValidator = Callable[[torch.nn.Module, torch.device], float]
+# (unwrapped model, device) -> BLEU on the validation set (per direction on a multilingual one).
+BleuValidator = Callable[[torch.nn.Module, torch.device], float | dict[str, float]]
 
 
 class Trainer:
@@ -76,7 +76,8 @@ class Trainer:
             manifest=manifest,
             scorer=scorer,
         )
-        self.vocab = read_vocab(self.plan.manifest)  # once: every checkpoint carries it
+        # once: every checkpoint carries it (with a multilingual model's directions and tag placement)
+        self.vocab = read_vocab(self.plan.manifest, lang_tok=cfg.data.lang_tok)
         self.identity = run_identity(cfg, model_cfg, self.plan.manifest)
         self.provenance = provenance()
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
@@ -97,10 +98,13 @@ class Trainer:
         )
         self.validator = Validator(
             cfg.checkpoint,
-            evaluate_loss=lambda: self.step.evaluate(self.plan.valid_batches()),
+            evaluate_loss=lambda: {
+                name: self.step.evaluate(self.plan.valid_batches(name))
+                for name in self.plan.valid_sets
+            },
             evaluate_bleu=None if bleu_validator is None else lambda: self._bleu(bleu_validator),
             missing=None
-            if self.plan.valid is not None
+            if self.plan.valid_sets
             else (
                 f"{cfg.data.data_dir} has no validation split {cfg.data.valid_subset!r} (nmt-preprocess --validpref)"
             ),
@@ -120,7 +124,12 @@ class Trainer:
                 self.session.world_size,
                 device,
                 self.plan.num_samples,
-                ",".join(cfg.data.train_subsets),
+                ",".join(
+                    f"{name} ({len(corpus)})"
+                    for name, corpus in zip(self.plan.corpus_names, self.plan.corpora)
+                )
+                if len(self.plan.corpora) > 1
+                else ",".join(cfg.data.train_subsets),
                 cfg.run.arch,
                 sum(p.numel() for p in self.model.parameters()) / 1e6,
                 self.model.backend(device),
@@ -201,9 +210,9 @@ class Trainer:
             self.checkpoints.save(self.checkpoint_state(validation_due=False), [BEST])
         return outcome.patience_exhausted
 
-    def _bleu(self, bleu_validator: BleuValidator) -> float:
+    def _bleu(self, bleu_validator: BleuValidator) -> float | dict[str, float]:
         bleu = bleu_validator(self.model, self.session.device) if self.session.is_main else 0.0
-        return float(dist.broadcast_object(bleu))
+        return dist.broadcast_object(bleu)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.metrics.close()

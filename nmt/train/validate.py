@@ -14,10 +14,11 @@ from nmt.train.stopping import Progress
 
 logger = logging.getLogger(__name__)
 
-# (loss sum, nll sum, target tokens) of the validation split, all ranks: nats.
-EvaluateLoss = Callable[[], tuple[float, float, int]]
-# BLEU of the validation split (rank 0 decodes; every rank gets the score).
-EvaluateBleu = Callable[[], float]
+# Per direction ("" on a bilingual dataset): (loss sum, nll sum, target tokens) of the validation
+# split, all ranks: nats.
+EvaluateLoss = Callable[[], dict[str, tuple[float, float, int]]]
+# BLEU of the validation split, or per direction (rank 0 decodes; every rank gets the scores).
+EvaluateBleu = Callable[[], float | dict[str, float]]
 
 
 @dataclass
@@ -72,15 +73,13 @@ class Validator:
         )
 
     def __call__(self) -> Outcome:
-        loss, nll, tokens = self.evaluate_loss()
-        nll_bits = nll / tokens / math.log(2)
-        metrics = {
-            "valid_loss": loss / tokens / math.log(2),
-            "valid_nll": nll_bits,
-            "valid_ppl": perplexity(nll_bits),
-        }
+        metrics = direction_metrics(self.evaluate_loss())
         if self.evaluate_bleu is not None:
-            metrics["valid_bleu"] = self.evaluate_bleu()
+            bleu = self.evaluate_bleu()
+            if isinstance(bleu, dict):  # per direction: their mean chooses the best checkpoint
+                metrics.update({f"{pair}_bleu": value for pair, value in bleu.items()})
+                bleu = sum(bleu.values()) / len(bleu)
+            metrics["valid_bleu"] = bleu
         by_bleu = self.cfg.best_checkpoint_metric == "bleu"
         value = metrics["valid_bleu"] if by_bleu else metrics["valid_loss"]
         # A non-finite loss is never the best (nan compares false both ways).
@@ -103,6 +102,23 @@ class Validator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.bad_validations = state["best"], int(state["bad_validations"])
+
+
+def direction_metrics(sums: dict[str, tuple[float, float, int]]) -> dict[str, float]:
+    """valid_loss/nll (bits per token) and ppl; several directions: each one's (``en-de_loss``...)
+    and, as valid_*, the mean over directions (each direction counts once, whatever its size)."""
+    per_token = {
+        name: (loss / tokens / math.log(2), nll / tokens / math.log(2))
+        for name, (loss, nll, tokens) in sums.items()
+    }
+    loss = sum(value[0] for value in per_token.values()) / len(per_token)
+    nll = sum(value[1] for value in per_token.values()) / len(per_token)
+    metrics = {"valid_loss": loss, "valid_nll": nll, "valid_ppl": perplexity(nll)}
+    for name, (direction_loss, direction_nll) in per_token.items():
+        if name:
+            metrics[f"{name}_loss"] = direction_loss
+            metrics[f"{name}_ppl"] = perplexity(direction_nll)
+    return metrics
 
 
 def perplexity(nll_bits: float) -> float:

@@ -13,12 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from _serve_helpers import get, post, serve
 
-from nmt.deploy.serve import RequestError, ServeConfig, parse_request
+from nmt.deploy.serve import RequestError, ServeConfig, Service, parse_request
 from nmt.eval import Translator
 
 
 def _parse(body: bytes, **limits):
-    return parse_request(body, source_lang="en", target_lang="de", **{"max_sentences": 4, **limits})
+    asked = parse_request(body, **{"max_sentences": 4, **limits})
+    Service("en", "de").direction(None if asked.source == "auto" else asked.source, asked.target)
+    return asked.lines, asked.is_list
 
 
 def test_parse_request_shapes_and_one_line_errors() -> None:
@@ -28,6 +30,14 @@ def test_parse_request_shapes_and_one_line_errors() -> None:
     )
     assert _parse(b'{"q": ["a", ""], "source": "auto"}') == ([["a"], [""]], True)
     assert _parse('{"q": "a\u2028b\\r"}'.encode()) == ([["a\u2028b\r"]], False)  # "\n" only splits
+    form = b"q=a+dog%0Athe+cat&source=en&target=de&alternatives=2"
+    asked = parse_request(form, max_sentences=4, content_type="application/x-www-form-urlencoded")
+    assert (asked.lines, asked.source, asked.target, asked.alternatives) == (
+        [["a dog", "the cat"]],
+        "en",
+        "de",
+        2,
+    )
     for body, message in (
         (b"{not json", "invalid JSON"),
         (b"\xff\xfe", "invalid JSON"),
@@ -38,6 +48,8 @@ def test_parse_request_shapes_and_one_line_errors() -> None:
         (b'{"q": "a", "target": "fr"}', "translates en -> de"),
         (b'{"q": "a", "source": 1}', "source: must be a string"),
         (b'{"q": ["a", "b\\nc\\nd", "e"]}', "too many sentences: 5"),
+        (b'{"q": "a", "format": "html"}', "format: only 'text' is served"),
+        (b'{"q": "a", "alternatives": 99}', "alternatives: must be an integer from 0 to 8"),
     ):
         with pytest.raises(RequestError, match=re.escape(message)) as caught:
             _parse(body)

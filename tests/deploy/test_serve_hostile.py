@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from _serve_helpers import get, post, serve
 
@@ -108,17 +109,16 @@ def test_a_body_far_over_the_limit_sent_whole_reads_its_413(strict) -> None:
 def test_a_failed_decode_is_retried_alone_so_its_batch_mates_succeed() -> None:
     """The batcher's last line of defence, for a failure no check foresaw."""
 
-    class Spm:
-        def encode(self, sentences):
-            return [[3 + len(s)] for s in sentences]
-
     class FailsOnPoison:
-        src_spm, config = Spm(), EvalConfig()
+        config = EvalConfig()
+
+        def encode(self, sentences, *, direction):
+            return [np.array([3 + len(s), 2]) for s in sentences]
 
         def check_sources(self, sources, config, *, truncate):
             pass
 
-        def generate(self, sources):
+        def generate(self, sources, *, first_tokens):
             if any(int(source[0]) == 3 + len("poison") for source in sources):
                 raise RuntimeError("this sentence breaks the decoder")
             return [[Hypothesis(tokens=[int(source[0])], score=0.0)] for source in sources]
@@ -138,7 +138,7 @@ def test_a_failed_decode_is_retried_alone_so_its_batch_mates_succeed() -> None:
             await batcher.stop()
 
     (first, poisoned, third), num_batches = asyncio.run(scenario())
-    assert first == ["4"] and third == ["6"]
+    assert first == [["4"]] and third == [["6"]]
     assert isinstance(poisoned, RuntimeError)
     assert num_batches == 2  # the two good ones, each alone after the shared batch failed
 

@@ -65,7 +65,12 @@ def test_type_a_sentence_press_translate_read_the_result(tiny, tmp_path, browser
         assert result.text.split("\n") == expected
         assert browser.find_element(By.ID, "status").text == ""
         # An error from the service shows on the page, and the page keeps working.
-        browser.execute_script("document.getElementById('form').dataset.target = 'fr'")
+        # the selectors hold the service's direction (from GET /languages)
+        assert browser.find_element(By.ID, "from").get_attribute("value") == "en"
+        assert browser.find_element(By.ID, "to").get_attribute("value") == "de"
+        browser.execute_script(
+            "document.getElementById('to').add(new Option('fr', 'fr', true, true))"
+        )
         browser.find_element(By.ID, "translate").click()
         status = browser.find_element(By.ID, "status")
         WebDriverWait(browser, 60).until(lambda _: status.text.startswith("error:"))

@@ -1,0 +1,201 @@
+"""Multilingual preprocessing (nmt-preprocess --lang-pairs) and the direction corpora training reads:
+each language side encoded once, tags reserved, per-pair files, and one line for each bad input."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from nmt.config import DataConfig
+from nmt.data.corpus import ParallelCorpus
+from nmt.data.directions import TaggedCorpus, open_directions
+from nmt.data.manifest import load_manifest
+from nmt.data.multilingual import language_shares
+from nmt.data.plan import TrainingDataPlan
+from nmt.data.spm import SentencePieceModel, language_tag
+from nmt_cli.preprocess import main as preprocess_main
+
+from ..conftest import MULTI_PAIRS, write_multiway
+
+
+def test_each_language_side_is_encoded_once(multi_data):
+    manifest = load_manifest(multi_data)
+    assert manifest.lang_pairs == ("en-de", "de-en", "en-fr", "fr-en")
+    for split in ("train", "valid", "test"):
+        bins = sorted(
+            name
+            for name in os.listdir(multi_data)
+            if name.startswith(f"{split}.") and name.endswith(".bin")
+        )
+        # 4 directions over 3 languages: 3 token files, not 8
+        assert bins == [f"{split}.de.bin", f"{split}.en.bin", f"{split}.fr.bin"]
+        prefixes = {
+            pair: (entry.parts[0].src.prefix, entry.parts[0].tgt.prefix)
+            for pair, entry in (
+                (pair, manifest.split(name))
+                for pair, name in manifest.direction_splits(split).items()
+            )
+        }
+        assert prefixes == {
+            "en-de": (f"{split}.en", f"{split}.de"),
+            "de-en": (f"{split}.de", f"{split}.en"),
+            "en-fr": (f"{split}.en", f"{split}.fr"),
+            "fr-en": (f"{split}.fr", f"{split}.en"),
+        }
+    en_de = ParallelCorpus(multi_data, "train.en-de")
+    de_en = ParallelCorpus(multi_data, "train.de-en")
+    assert len(en_de) == len(de_en) == 400
+    np.testing.assert_array_equal(en_de[7][0], de_en[7][1])  # the same English tokens, read twice
+
+
+def test_tags_are_reserved_and_text_never_encodes_to_them(multi_data):
+    manifest = load_manifest(multi_data)
+    spm = SentencePieceModel.load(os.path.join(multi_data, "spm.model"))
+    assert {language_tag(lang) for lang in ("en", "de", "fr")} <= set(manifest.tags)
+    assert {tag: spm.tags[tag] for tag in manifest.tags} == manifest.tags
+    ids = spm.encode(["<2de> the dog <2fr>"])[0]
+    assert not set(ids) & set(manifest.tags.values())
+
+
+def test_directions_carry_their_tag_on_the_chosen_side(multi_data):
+    manifest = load_manifest(multi_data)
+    plain = ParallelCorpus(multi_data, "train.en-fr")
+    encoder = open_directions(manifest, "train", placement="encoder")["en-fr"]
+    decoder = open_directions(manifest, "train", placement="decoder")["en-fr"]
+    tag = manifest.tags["<2fr>"]
+    src, tgt = plain[3]
+    np.testing.assert_array_equal(encoder[3][0], np.concatenate([[tag], src]))
+    np.testing.assert_array_equal(encoder[3][1], tgt)
+    np.testing.assert_array_equal(decoder[3][1], np.concatenate([[tag], tgt]))
+    np.testing.assert_array_equal(encoder.src_lengths, np.asarray(plain.src_lengths) + 1)
+    np.testing.assert_array_equal(decoder.tgt_lengths, np.asarray(plain.tgt_lengths) + 1)
+
+
+def test_training_plan_blends_every_direction_by_temperature(multi_data):
+    plan = TrainingDataPlan(DataConfig(data_dir=multi_data, sampling_temperature=5.0), seed=1)
+    assert plan.corpus_names == [f"train.{pair}" for pair in MULTI_PAIRS.split(",")]
+    assert all(isinstance(corpus, TaggedCorpus) for corpus in plan.corpora)
+    assert list(plan.valid_sets) == MULTI_PAIRS.split(",")
+    info = plan.begin_epoch()
+    counts = [info.blend_counts[f"train.{pair}_samples"] for pair in MULTI_PAIRS.split(",")]
+    assert counts == [400] * 4  # equal sizes: equal shares at any temperature
+    micro = next(plan.updates()).micro_batches[0]
+    tags = load_manifest(multi_data).tags
+    sources = [plan.current.dataset[int(i)][0] for i in micro.indices]
+    # the encoder reads the target tag first, and all three target languages come up
+    assert {int(source[0]) for source in sources} == {tags["<2de>"], tags["<2en>"], tags["<2fr>"]}
+    plan.close()
+
+
+def test_language_shares_flatten_with_temperature():
+    shares = language_shares({"en": 10_000, "cs": 100}, 5.0)
+    assert shares["cs"] == pytest.approx(100**0.2 / (100**0.2 + 10_000**0.2))
+    assert language_shares({"en": 10_000, "cs": 100}, 1.0)["cs"] == pytest.approx(100 / 10_100)
+
+
+def test_per_pair_files_in_fairseq_naming(tmp_path):
+    """P.SRC-TGT.LANG files: de-en reads the en-de files, each pair's text encoded once."""
+    for pair in ("en-de", "en-fr"):
+        write_multiway(tmp_path, f"train.{pair}", 60, seed=len(pair) + ord(pair[-1]))
+        write_multiway(tmp_path, f"valid.{pair}", 5, seed=3)
+    code = preprocess_main(
+        [
+            "--lang-pairs",
+            "en-de,de-en,en-fr",
+            "--trainpref",
+            str(tmp_path / "train"),
+            "--validpref",
+            str(tmp_path / "valid"),
+            "--destdir",
+            str(tmp_path / "data"),
+            "--spm-vocab-size",
+            "80",
+        ]
+    )
+    assert code == 0
+    manifest = load_manifest(str(tmp_path / "data"))
+    entry = manifest.split("train.de-en")
+    assert (entry.parts[0].src.prefix, entry.parts[0].tgt.prefix) == (
+        "train.en-de.de",
+        "train.en-de.en",
+    )
+    bins = sorted(
+        name
+        for name in os.listdir(tmp_path / "data")
+        if name.startswith("train") and name.endswith(".bin")
+    )
+    assert bins == [
+        "train.en-de.de.bin",
+        "train.en-de.en.bin",
+        "train.en-fr.en.bin",
+        "train.en-fr.fr.bin",
+    ]
+    assert manifest.split("valid.en-fr").reference == "valid.en-fr.ref.fr.gz"
+
+
+@pytest.fixture()
+def raw(tmp_path):
+    write_multiway(tmp_path, "train", 30, seed=5)
+    write_multiway(tmp_path, "valid", 5, seed=6)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "pairs, change, message",
+    [
+        ("en-de,english-fr", None, "'english' is not a language code"),
+        ("en-de,en", None, "'en' is not a pair SRC-TGT"),
+        ("en-de,de-en,en-de", None, "'en-de' is listed twice"),
+        ("en-en", None, "translates a language into itself"),
+        ("en-de,en-cs", None, "train.cs: no such file"),
+        ("en-de,en-fr", "short", "has 30 lines but"),
+    ],
+)
+def test_bad_input_is_one_line(raw, capsys, pairs, change, message):
+    if change == "short":
+        lines = (raw / "train.fr").read_bytes().split(b"\n")
+        (raw / "train.fr").write_bytes(b"\n".join(lines[:29]) + b"\n")
+    code = preprocess_main(
+        [
+            "--lang-pairs",
+            pairs,
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--destdir",
+            str(raw / "out"),
+            "--spm-vocab-size",
+            "60",
+        ]
+    )
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("nmt-preprocess")]
+    assert code == 1 and "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("nmt-preprocess: error:"), err
+    assert message in lines[0]
+    assert not os.path.exists(raw / "out")
+
+
+def test_lang_pairs_refuses_options_it_cannot_honour(raw, capsys):
+    code = preprocess_main(
+        [
+            "--lang-pairs",
+            "en-de",
+            "-s",
+            "en",
+            "--trainpref",
+            str(raw / "train"),
+            "--destdir",
+            str(raw / "out"),
+        ]
+    )
+    assert code == 1
+    assert "--lang-pairs: names the languages" in capsys.readouterr().err
+
+
+def test_moved_dataset_still_opens(multi_data, tmp_path):
+    moved = shutil.copytree(multi_data, tmp_path / "moved")
+    manifest = load_manifest(str(moved))
+    assert len(open_directions(manifest, "valid", placement="encoder")) == 4

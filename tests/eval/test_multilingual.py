@@ -1,0 +1,170 @@
+"""nmt-eval and the Translator on a multilingual model: -s/-t choose the direction (the checkpoint
+knows where its tag goes), every direction in one table, tags never in the output, a tag typed in
+the text stays text, and an export decodes as its checkpoint does."""
+
+import os
+
+import pytest
+
+from nmt.eval.translate import Translator
+from nmt_cli.eval import main as eval_main
+
+from ..conftest import MULTI_PAIRS, MULTI_WORDS
+
+SENTENCES = ["the dog runs on the mat", "a big red ball", "the old man sits"]
+
+
+def _table_rows(text):
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in (*MULTI_PAIRS.split(","), "mean"):
+            rows[cells[0]] = [float(cell) for cell in cells[1:]]
+    return rows
+
+
+@pytest.mark.parametrize("placement", ["encoder", "decoder"])
+def test_every_direction_in_one_table(multi_data, multi_models, capsys, placement):
+    code = eval_main([multi_data, "--path", multi_models[placement], "--beam", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = _table_rows(out)
+    assert list(rows) == [*MULTI_PAIRS.split(","), "mean"]
+    for pair in MULTI_PAIRS.split(","):
+        bleu, chrf, off_target = rows[pair]
+        # it learned each direction (langid's off-target % is meaningless on these toy words)
+        assert bleu > 50 and 0 <= off_target <= 100, (pair, rows[pair])
+    assert rows["mean"][0] == pytest.approx(
+        sum(rows[p][0] for p in MULTI_PAIRS.split(",")) / 4, abs=0.01
+    )
+
+
+def test_one_direction_scores_as_its_table_row(multi_data, multi_models, capsys):
+    path = multi_models["encoder"]
+    eval_main([multi_data, "--path", path, "--beam", "2"])
+    table = _table_rows(capsys.readouterr().out)
+    code = eval_main(
+        [
+            multi_data,
+            "--path",
+            path,
+            "--beam",
+            "2",
+            "-s",
+            "en",
+            "-t",
+            "fr",
+            "--quiet",
+            "--off-target",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    bleu = float(out.split("BLEU = ")[1].split()[0])
+    assert bleu == pytest.approx(table["en-fr"][0], abs=0.01)
+    assert f"off-target {table['en-fr'][2]:.2f}%" in out
+
+
+@pytest.mark.parametrize("placement", ["encoder", "decoder"])
+def test_direction_chooses_the_output_language(multi_models, placement):
+    translator = Translator.from_checkpoint(multi_models[placement])
+    tags = set(translator.languages.tags.values())
+    for target in ("de", "fr"):
+        nbest = translator.translate_nbest(
+            SENTENCES, source_lang="en", target_lang=target, beam=3, nbest=3
+        )
+        words = set(MULTI_WORDS[target])
+        for hypotheses in nbest:
+            for hypothesis in hypotheses:
+                assert not set(hypothesis.tokens) & tags  # tags never in any output
+            assert set(hypotheses[0].text.split()) <= words, (target, hypotheses[0].text)
+
+
+def test_tag_typed_in_text_is_text(multi_models):
+    translator = Translator.from_checkpoint(multi_models["encoder"])
+    tags = translator.languages.tags
+    direction = translator.direction("en", "de")
+    ids = translator.encode(["<2fr> the dog <2de>"], direction=direction)[0].tolist()
+    assert ids[0] == tags["<2de>"]  # the direction's tag, by id
+    assert not set(ids[1:]) & set(tags.values())  # the typed ones are ordinary pieces
+    assert "fr" in translator.src_spm.decode([ids[1:]])[0]  # ("<" is unknown to the toy vocabulary)
+
+
+def test_stdin_and_files_with_s_t(multi_models, tmp_path, capsys):
+    path = multi_models["decoder"]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in SENTENCES), encoding="utf-8")
+    code = eval_main(
+        ["--path", path, "-s", "en", "-t", "fr", "--input", str(source), "--beam", "2"]
+    )
+    assert code == 0
+    expected = Translator.from_checkpoint(path).translate(
+        SENTENCES, source_lang="en", target_lang="fr", beam=2
+    )
+    assert capsys.readouterr().out.splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["-s", "en", "-t", "cs"],
+            "direction en-cs: not in the model (it has en-de, de-en, en-fr, fr-en",
+        ),
+        (["-s", "de", "-t", "fr"], "untrained pairs of its languages need --zero-shot"),
+        ([], "a multilingual model: give the direction with -s/--source-lang and -t/--target-lang"),
+        (["-s", "en"], "a direction needs both"),
+    ],
+)
+def test_direction_not_in_the_model_is_one_line(multi_models, tmp_path, capsys, args, message):
+    source = tmp_path / "in.txt"
+    source.write_text("the dog\n", encoding="utf-8")
+    code = eval_main(["--path", multi_models["encoder"], "--input", str(source), *args])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nmt-eval")]
+    assert code == 1 and len(err) == 1 and message in err[0], err
+
+
+def test_zero_shot_only_with_the_flag(multi_models, capsys, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("der hund\n", encoding="utf-8")
+    code = eval_main(
+        [
+            "--path",
+            multi_models["encoder"],
+            "--input",
+            str(source),
+            "-s",
+            "de",
+            "-t",
+            "fr",
+            "--zero-shot",
+        ]
+    )
+    assert code == 0 and capsys.readouterr().out.strip()
+
+
+def test_dataset_direction_missing_is_one_line(multi_data, multi_models, capsys):
+    code = eval_main(
+        [multi_data, "--path", multi_models["encoder"], "-s", "de", "-t", "fr", "--zero-shot"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and "has no direction de-fr (it has en-de, de-en, en-fr, fr-en)" in err
+
+
+@pytest.mark.parametrize("placement", ["encoder", "decoder"])
+def test_ctranslate2_export_keeps_the_tags(multi_models, tmp_path, placement):
+    pytest.importorskip("ctranslate2")
+    from nmt.deploy.ct2 import export_ctranslate2
+
+    export = str(tmp_path / "export")
+    export_ctranslate2([multi_models[placement]], export)
+    exported = Translator.from_checkpoint(export)
+    assert exported.languages.placement == placement
+    assert exported.languages.pairs == tuple(MULTI_PAIRS.split(","))
+    checkpoint = Translator.from_checkpoint(multi_models[placement])
+    for target in ("de", "fr"):
+        options = dict(source_lang="en", target_lang=target, beam=1)
+        assert exported.translate(SENTENCES, **options) == checkpoint.translate(
+            SENTENCES, **options
+        )
+    assert os.path.isfile(os.path.join(export, "nmt_export.json"))

@@ -1,0 +1,40 @@
+"""nmt-train on a multilingual dataset: validation per direction and their mean (what
+checkpoint_best.pt follows), the tag placement recorded in the checkpoint."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from ..conftest import MULTI_PAIRS, train_multilingual
+
+
+@pytest.mark.parametrize("placement", ["encoder", "decoder"])
+def test_validation_per_direction_and_mean(multi_data, tmp_path, placement):
+    result = train_multilingual(
+        multi_data,
+        tmp_path / "ck",
+        "--lang-tok",
+        placement,
+        "--eval-bleu",
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+        "--sampling-temperature",
+        "2",
+        updates=20,
+    )
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    valid = [r for r in records if r["kind"] == "valid"][-1]
+    pairs = MULTI_PAIRS.split(",")
+    for metric in ("loss", "bleu"):
+        per_direction = [valid[f"{pair}_{metric}"] for pair in pairs]
+        assert valid[f"valid_{metric}"] == pytest.approx(sum(per_direction) / len(pairs))
+    assert len({valid[f"{pair}_loss"] for pair in pairs}) > 1  # measured apart, not one number
+    assert math.isfinite(valid["valid_loss"])
+    blend = [r for r in records if r["kind"] == "blend"][0]
+    assert {f"train.{pair}_samples" for pair in pairs} <= set(blend)
+    state = torch.load(tmp_path / "ck" / "checkpoint_best.pt", weights_only=True)
+    assert state["vocab"]["lang_tok"] == placement
+    assert state["vocab"]["lang_pairs"] == pairs
