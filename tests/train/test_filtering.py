@@ -36,6 +36,15 @@ def test_dual_conditional_cross_entropy_and_what_is_kept():
     assert kept_indices(ties, keep_fraction=0.5, threshold=None).tolist() == [0, 1]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from threads; on a loaded 2-core machine two threads oversubscribe."""
+    from tests.eval.conftest import one_thread
+
+    with one_thread():
+        yield
+
+
 class _Swapped:
     def __init__(self, corpus):
         self.corpus = corpus
@@ -52,16 +61,17 @@ class _Swapped:
 def setup(tiny, tmp_path_factory):
     """The tiny en->de model, a de->en one trained the same way, and a dataset whose last
     NUM_BAD pairs have each other's targets (misaligned)."""
-    from tests.eval.conftest import checkpoint_state, random_pairs, train_tiny_model
+    from tests.eval.conftest import checkpoint_state, one_thread, random_pairs, train_tiny_model
 
     root = tmp_path_factory.mktemp("filter")
     spm_path = os.path.join(tiny.data_dir, "spm.model")
     spm_proto = open(spm_path, "rb").read()
     corpus = ParallelCorpus(tiny.data_dir, "train")
     vocab_size = corpus.manifest.spm.src_vocab_size
-    reverse_model = train_tiny_model(
-        _Swapped(corpus), vocab_size=vocab_size, num_updates=150, seed=1
-    )
+    with one_thread():  # a module fixture: set up before the autouse one above applies
+        reverse_model = train_tiny_model(
+            _Swapped(corpus), vocab_size=vocab_size, num_updates=150, seed=1
+        )
     state = checkpoint_state(reverse_model, spm_proto=spm_proto)
     state["vocab"]["source_lang"], state["vocab"]["target_lang"] = "de", "en"
     reverse = str(root / "reverse.pt")
