@@ -329,6 +329,14 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
         and load_manifest(io.data_dir).multilingual
     ):
         return _every_direction(io, translator)
+    if translator.languages is None and io.source_lang is not None:
+        from nmt.eval.translate import language_pair
+
+        pair = language_pair(paths[0])
+        if (io.source_lang, io.target_lang) != pair:
+            raise ValueError(
+                f"direction {io.source_lang}-{io.target_lang}: not in the model (it has {'-'.join(pair)})"
+            )
     direction = translator.direction(io.source_lang, io.target_lang, zero_shot=io.zero_shot)
     if direction.first_token is not None and (io.format == "fairseq" or io.score_reference):
         raise ValueError(

@@ -82,7 +82,7 @@ def open_directions(
         pair: ParallelCorpus(manifest.directory, name, manifest=manifest, check_token_ids=False)
         for pair, name in splits.items()
     }
-    if check_token_ids:
+    if check_token_ids and corpora:
         sides = {
             side.prefix: side
             for corpus in corpora.values()

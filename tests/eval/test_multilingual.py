@@ -168,3 +168,16 @@ def test_ctranslate2_export_keeps_the_tags(multi_models, tmp_path, placement):
             SENTENCES, **options
         )
     assert os.path.isfile(os.path.join(export, "nmt_export.json"))
+
+
+def test_bilingual_model_checks_s_t(tiny, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("the dog\n", encoding="utf-8")
+    assert (
+        eval_main(["--path", tiny.checkpoint, "--input", str(source), "-s", "en", "-t", "de"]) == 0
+    )
+    capsys.readouterr()
+    assert (
+        eval_main(["--path", tiny.checkpoint, "--input", str(source), "-s", "en", "-t", "fr"]) == 1
+    )
+    assert "direction en-fr: not in the model (it has en-de)" in capsys.readouterr().err

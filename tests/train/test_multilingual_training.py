@@ -38,3 +38,8 @@ def test_validation_per_direction_and_mean(multi_data, tmp_path, placement):
     state = torch.load(tmp_path / "ck" / "checkpoint_best.pt", weights_only=True)
     assert state["vocab"]["lang_tok"] == placement
     assert state["vocab"]["lang_pairs"] == pairs
+
+
+def test_no_validation_split_trains_every_direction(multi_data, tmp_path):
+    result = train_multilingual(multi_data, tmp_path / "ck", "--valid-subset", "nosuch", updates=2)
+    assert "training without validation" in result.stderr
