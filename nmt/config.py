@@ -1186,6 +1186,54 @@ class EvalIOConfig:
 
 
 @dataclass
+class FilterConfig:
+    """nmt-filter: pairs scored by dual conditional cross-entropy, the best kept (Junczys-Dowmunt 2018)."""
+
+    data_dir: str = opt(
+        help="dataset to score (e.g. one nmt-eval --output-dataset wrote)", positional=True
+    )
+    forward: str = opt(help="checkpoint translating the dataset's source into its target")
+    reverse: str = opt(help="checkpoint translating the dataset's target into its source")
+    split: str = opt("train", "split of DATA_DIR to score")
+    keep_fraction: float | None = opt(
+        None, "keep this fraction of the pairs, those with the lowest scores"
+    )
+    threshold: float | None = opt(None, "keep the pairs scoring at most this")
+    destdir: str | None = opt(
+        None, "write the kept pairs here as a dataset (same vocabulary; blend it by DIR/train)"
+    )
+    scores: str | None = opt(
+        None,
+        "write each pair's score here, one a line in the split's order (nmt-train --curriculum file:)",
+    )
+    device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.data_dir), "data_dir", "must not be empty")
+        _require(
+            self.keep_fraction is None or self.threshold is None,
+            "threshold",
+            "cannot be combined with --keep-fraction",
+        )
+        _require(
+            self.keep_fraction is None or 0 < self.keep_fraction <= 1,
+            "keep_fraction",
+            f"must be in (0, 1], got {self.keep_fraction}",
+        )
+        keeps = self.keep_fraction is not None or self.threshold is not None
+        _require(
+            keeps == (self.destdir is not None),
+            "destdir",
+            "goes with --keep-fraction or --threshold (which pairs it keeps), and they with it",
+        )
+        _require(
+            keeps or self.scores is not None,
+            "scores",
+            "nothing to do: give --scores FILE, or --keep-fraction/--threshold with --destdir",
+        )
+
+
+@dataclass
 class PlotConfig:
     """nmt-plot: training curves from a run's log as a picture."""
 

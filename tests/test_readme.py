@@ -11,6 +11,7 @@ RUFF_FLAGS = {"--check"}
 def parser_options():
     from nmt_cli.eval import build_parser as eval_parser
     from nmt_cli.export import build_parser as export_parser
+    from nmt_cli.filter import build_parser as filter_parser
     from nmt_cli.import_model import build_parser as import_parser
     from nmt_cli.plot import build_parser as plot_parser
     from nmt_cli.preprocess import build_parser as preprocess_parser
@@ -26,6 +27,7 @@ def parser_options():
         export_parser(),
         import_parser(),
         serve_parser(),
+        filter_parser(),
     ):
         for action in parser._actions:
             options.update(action.option_strings)
@@ -33,9 +35,12 @@ def parser_options():
 
 
 def recipe_options():
-    """The options examples/multi30k/run.sh (the main job) parses: its `case` patterns."""
-    script = (ROOT / "examples" / "multi30k" / "run.sh").read_text(encoding="utf-8")
-    return set(re.findall(r"^\s*(--[a-z-]+)\)", script, flags=re.M))
+    """The options the recipes (examples/*/run.sh) parse: their `case` patterns."""
+    return {
+        flag
+        for path in (ROOT / "examples").glob("*/run.sh")
+        for flag in re.findall(r"^\s*(--[a-z-]+)\)", path.read_text(encoding="utf-8"), flags=re.M)
+    }
 
 
 def benchmark_options():

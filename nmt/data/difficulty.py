@@ -83,23 +83,11 @@ def model_difficulty(
     world_size: int,
 ) -> np.ndarray:
     """Each pair's rank (0 = easiest) by the scores of ``scorer``, this rank scoring its chunks."""
-    starts = np.cumsum([0] + [len(c) for c in corpora])
-    total = int(starts[-1])
-    num_chunks = -(-total // SCORE_CHUNK)
-    first, last = rank * num_chunks // world_size, (rank + 1) * num_chunks // world_size
-    lo, hi = min(first * SCORE_CHUNK, total), min(last * SCORE_CHUNK, total)
-    scores = np.empty(hi - lo, dtype=np.float64)
-    with tqdm(
-        total=hi - lo, unit="pair", desc=f"score ({checkpoint})", mininterval=2.0, disable=rank != 0
-    ) as bar:
-        for start in range(lo, hi, SCORE_CHUNK):
-            stop = min(start + SCORE_CHUNK, hi)
-            samples = []
-            for index in range(start, stop):
-                corpus = int(np.searchsorted(starts, index, side="right")) - 1
-                samples.append(corpora[corpus][index - int(starts[corpus])])
-            scores[start - lo : stop - lo] = scorer(samples)
-            bar.update(stop - start)
+    total = sum(len(c) for c in corpora)
+    lo, scores = score_share(
+        corpora, scorer, rank=rank, world_size=world_size, desc=f"score ({checkpoint})"
+    )
+    hi = lo + len(scores)
     if not np.isfinite(scores).all():
         raise ValueError(f"--curriculum model:{checkpoint}: the model gave a non-finite score")
     rows = np.stack([scores, np.arange(lo, hi, dtype=np.float64)], axis=1)  # (n, 2): ties by index
@@ -110,6 +98,49 @@ def model_difficulty(
     difficulty = np.empty(total, dtype=np.float64)
     difficulty[order] = np.arange(total, dtype=np.float64)
     return difficulty
+
+
+def score_share(
+    corpora: Sequence[ParallelCorpus],
+    scorer: DifficultyScorer,
+    *,
+    rank: int,
+    world_size: int,
+    desc: str,
+) -> tuple[int, np.ndarray]:
+    """This rank's scores: (its first sample, in corpus order, concatenated; the scores of its
+    consecutive chunks). Rank r's share follows rank r-1's, so the shares in rank order are all scores."""
+    starts = np.cumsum([0] + [len(c) for c in corpora])
+    total = int(starts[-1])
+    num_chunks = -(-total // SCORE_CHUNK)
+    first, last = rank * num_chunks // world_size, (rank + 1) * num_chunks // world_size
+    lo, hi = min(first * SCORE_CHUNK, total), min(last * SCORE_CHUNK, total)
+    scores = np.empty(hi - lo, dtype=np.float64)
+    with tqdm(total=hi - lo, unit="pair", desc=desc, mininterval=2.0, disable=rank != 0) as bar:
+        for start in range(lo, hi, SCORE_CHUNK):
+            stop = min(start + SCORE_CHUNK, hi)
+            samples = []
+            for index in range(start, stop):
+                corpus = int(np.searchsorted(starts, index, side="right")) - 1
+                samples.append(corpora[corpus][index - int(starts[corpus])])
+            scores[start - lo : stop - lo] = scorer(samples)
+            bar.update(stop - start)
+    return lo, scores
+
+
+def all_scores(
+    corpora: Sequence[ParallelCorpus],
+    scorer: DifficultyScorer,
+    *,
+    rank: int,
+    world_size: int,
+    desc: str,
+) -> np.ndarray:
+    """Every sample's score, on every rank, each rank scoring its share (``score_share``)."""
+    _, mine = score_share(corpora, scorer, rank=rank, world_size=world_size, desc=desc)
+    return np.concatenate(
+        [part.numpy() for part in dist.all_gather_variable(torch.from_numpy(mine))]
+    )
 
 
 def _cache_key(checkpoint: str, corpora: Sequence[ParallelCorpus]) -> str:

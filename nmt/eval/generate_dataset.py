@@ -29,21 +29,17 @@ from tqdm import tqdm
 
 from nmt.config import EvalConfig, to_dict
 from nmt.data.corpus import ParallelCorpus
-from nmt.data.indexed import IndexedWriter
+from nmt.data.derived import TrainSplitWriter, write_derived_dataset
 from nmt.data.manifest import (
     MANIFEST_NAME,
     Manifest,
-    PartEntry,
-    SideEntry,
     SplitEntry,
-    SpmEntry,
     load_manifest,
     sha256_file,
     sha256_files,
 )
 from nmt.data.monolingual import require_monolingual
-from nmt.data.preprocess import LineNumbersWriter, make_workdir
-from nmt.data.spm import BT_TAG, EOS_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel, token_dtype
+from nmt.data.spm import BT_TAG, EOS_ID, UNK_ID, SentencePieceModel
 from nmt.eval.translate import Translator
 from nmt.fileio import (
     Destination,
@@ -51,7 +47,6 @@ from nmt.fileio import (
     check_destination,
     describe_os_error,
     exclusive_lock,
-    install_directory,
     lock_path_beside,
 )
 
@@ -412,18 +407,9 @@ def _assemble(
 ) -> Manifest:
     """The chunks, in order, as a dataset: the synthetic source beside the real target (copied:
     the dataset stands alone), their raw line numbers, the counts of what was left out."""
-    workdir = make_workdir(target.path)
-    try:
-        spm_name = "spm.model"
-        shutil.copyfile(source.path(source.spm.src_model), os.path.join(workdir, spm_name))
-        vocab_size = source.spm.src_vocab_size
-        dtype = token_dtype(vocab_size)
-        langs = (model.target_lang, source.source_lang)
-        prefixes = [f"train.{lang}" for lang in langs]
-        writers = [IndexedWriter(os.path.join(workdir, p), dtype=dtype) for p in prefixes]
-        numbers_file = "train.line_numbers.npy"
-        numbers = LineNumbersWriter(os.path.join(workdir, numbers_file))
-        line_numbers = np.asarray(corpus.line_numbers)
+    line_numbers = np.asarray(corpus.line_numbers)
+
+    def fill(writer: TrainSplitWriter) -> SplitEntry:
         filtered = {EMPTY: 0, RATIO: 0}
         for index in range(num_chunks):
             chunk = np.load(_chunk_path(chunk_dir, index))
@@ -433,78 +419,35 @@ def _assemble(
             kept = np.flatnonzero(lengths > 0)
             filtered[EMPTY] += int((lengths == -1).sum())
             filtered[RATIO] += int((lengths == -2).sum())
-            writers[0].add_many(chunk[1 + count :].astype(dtype), lengths[kept])
-            real = [corpus.tgt[first + int(i)] for i in kept]
-            writers[1].add_many(
-                np.concatenate(real).astype(dtype) if real else np.zeros(0, dtype=dtype),
-                np.array([len(r) for r in real], dtype=np.int64),
+            synthetic = np.split(chunk[1 + count :], np.cumsum(lengths[kept])[:-1])
+            writer.add(
+                synthetic if len(kept) else [],
+                [corpus.tgt[first + int(i)] for i in kept],
+                line_numbers[first + kept],
             )
-            numbers.add(line_numbers[first + kept])
-        sides = []
-        for writer, prefix in zip(writers, prefixes):
-            writer.finish()
-            sides.append(
-                SideEntry(
-                    prefix=prefix,
-                    num_tokens=writer.num_tokens,
-                    token_dtype=str(writer.dtype),
-                    max_token_id=writer.max_token_id,
-                )
-            )
-        numbers.finish()
-        num_samples = writers[0].num_sequences
-        if num_samples == 0:
-            raise ValueError(
-                f"--output-dataset {target.path}: every translation was empty or filtered ({filtered})"
-            )
-        split = SplitEntry(
-            name="train",
-            role="train",
+        return writer.finish(
             num_lines=source.split(options.split).num_lines,
-            num_samples=num_samples,
-            parts=(
-                PartEntry(
-                    src=sides[0],
-                    tgt=sides[1],
-                    num_lines=source.split(options.split).num_lines,
-                    num_samples=num_samples,
-                    line_numbers=numbers_file,
-                ),
-            ),
             input_prefix=os.path.abspath(source.directory),
             filtered=filtered,
         )
-        manifest = Manifest(
-            directory=target.path,
-            source_lang=langs[0],
-            target_lang=langs[1],
-            special_ids=dict(SPECIAL_IDS),
-            spm=SpmEntry(
-                joint=True,
-                src_model=spm_name,
-                tgt_model=spm_name,
-                src_vocab_size=vocab_size,
-                tgt_vocab_size=vocab_size,
-                given_model=source.path(source.spm.src_model),
-            ),
-            splits={"train": split},
-            checksums=sha256_files(workdir, sorted(os.listdir(workdir))),
-            config={
-                "back_translation": identity,
-                "synthetic_side": "source",
-                "source_tag": BT_TAG if tag_id is not None else None,
-            },
-        )
-        manifest.write(workdir)
-        install_directory(workdir, target)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
+
+    manifest = write_derived_dataset(
+        source,
+        target,
+        langs=(model.target_lang, source.source_lang),
+        fill=fill,
+        config={
+            "back_translation": identity,
+            "synthetic_side": "source",
+            "source_tag": BT_TAG if tag_id is not None else None,
+        },
+    )
+    entry = manifest.split("train")
     logger.info(
         "wrote %s: %d synthetic pairs of %d sentences (%s)",
         target.path,
-        num_samples,
+        entry.num_samples,
         len(corpus),
-        ", ".join(f"{k}={v}" for k, v in filtered.items()),
+        ", ".join(f"{k}={v}" for k, v in entry.filtered.items()),
     )
     return manifest

@@ -28,14 +28,34 @@ from nmt.model import build_model
 SCORE_BATCH_TOKENS = 8192  # padded tokens per scoring batch
 
 
-def checkpoint_scorer(path: str, *, manifest: Manifest, device: torch.device) -> DifficultyScorer:
-    """A scorer from a checkpoint trained on this dataset's vocabulary (checked, not assumed)."""
-    option = f"--curriculum model:{path}"
+def checkpoint_scorer(
+    path: str,
+    *,
+    manifest: Manifest,
+    device: torch.device,
+    option: str | None = None,
+    reverse: bool = False,
+) -> DifficultyScorer:
+    """A scorer from a checkpoint trained on this dataset's vocabulary (checked, not assumed): each
+    pair's cross-entropy per target token (with EOS). ``reverse``: the model translates the
+    dataset's target into its source, and scores the source given the target. ``option``: what
+    errors name (default ``--curriculum model:PATH``)."""
+    option = option or f"--curriculum model:{path}"
     try:
         state = load_checkpoint(path)
     except ValueError as error:
         raise ValueError(f"{option}: {error}") from None
-    for side, name in (("src", manifest.spm.src_model), ("tgt", manifest.spm.tgt_model)):
+    sides = [manifest.spm.src_model, manifest.spm.tgt_model]
+    langs = [manifest.source_lang, manifest.target_lang]
+    if reverse:
+        sides.reverse()
+        langs.reverse()
+    found = [state["vocab"].get("source_lang"), state["vocab"].get("target_lang")]
+    if None not in found and found != langs:
+        raise ValueError(
+            f"{option}: translates {found[0]}->{found[1]}; scoring {manifest.directory} needs {langs[0]}->{langs[1]}"
+        )
+    for side, name in zip(("src", "tgt"), sides):
         with open(manifest.path(name), "rb") as handle:
             if tensor_to_bytes(state["vocab"][f"{side}_spm"]) != handle.read():
                 raise ValueError(
@@ -51,7 +71,10 @@ def checkpoint_scorer(path: str, *, manifest: Manifest, device: torch.device) ->
 
     @torch.no_grad()
     def score(samples: Sequence[Sample]) -> np.ndarray:
-        pairs = [(truncate(src, limits[0]), truncate(tgt, limits[1])) for src, tgt in samples]
+        pairs = [
+            (truncate(src, limits[0]), truncate(tgt, limits[1]))
+            for src, tgt in (((t, s) for s, t in samples) if reverse else samples)
+        ]
         longest = np.array([max(len(s), len(t)) for s, t in pairs], dtype=np.int64)
         order = np.argsort(-longest, kind="stable")
         offsets = greedy_offsets(longest[order], longest[order], SCORE_BATCH_TOKENS, packed=False)

@@ -1,0 +1,69 @@
+"""nmt-filter: score a dataset's pairs by dual conditional cross-entropy and keep the best."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from nmt.config import FilterConfig
+from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="nmt-filter",
+        description=(
+            "Score each pair of a dataset by dual conditional cross-entropy (Junczys-Dowmunt 2018) under "
+            "a forward and a reverse model; print the distribution; keep the best pairs as a dataset "
+            "(--keep-fraction or --threshold with --destdir) and/or write the scores (--scores). "
+            "Under torchrun the ranks share the scoring."
+        ),
+    )
+    add_config_arguments(parser, FilterConfig)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
+    return run_main("nmt-filter", lambda: _filter(config_from_args(FilterConfig, args)))
+
+
+def _filter(cfg: FilterConfig) -> int:
+    from nmt import dist
+    from nmt.device import resolve_device
+    from nmt.train.filtering import distribution, filter_dataset
+
+    env = dist.env_from_environ()
+    device = resolve_device(cfg.device, local_rank=env.local_rank if env.world_size > 1 else None)
+    dist.init_distributed(device.type)
+    try:
+        result = filter_dataset(cfg, device=device, rank=env.rank, world_size=env.world_size)
+    finally:
+        dist.destroy()
+    if env.rank != 0:
+        return 0
+    print(f"dual conditional cross-entropy of {len(result.scores)} pairs (lower is better):")
+    print(distribution(result.scores))
+    print(
+        f"per-token cross-entropy: forward mean {result.forward.mean():.3f}, reverse mean {result.reverse.mean():.3f}"
+    )
+    if result.kept is not None and result.manifest is not None:
+        kept = len(result.kept)
+        worst = float(result.scores[result.kept].max()) if kept else float("nan")
+        print(
+            f"kept {kept} of {len(result.scores)} pairs ({kept / len(result.scores):.1%}, scores <= {worst:.3f}) "
+            f"in {result.manifest.directory}"
+        )
+    if cfg.scores is not None:
+        print(f"wrote the scores to {os.path.abspath(cfg.scores)} (--curriculum file:)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
