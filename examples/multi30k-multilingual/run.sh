@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One model for six directions (en<->de, en<->fr, en<->cs) against six bilingual models at equal
 # compute: the multilingual model trains N minutes, each bilingual model N/6; then every direction
-# of test_2016_flickr is translated (beam 5) and scored (cased sacreBLEU, chrF2, off-target %).
+# of test_2016_flickr is translated (beam 5) and scored (cased sacreBLEU, chrF2, off-target %), and
+# the multilingual model's zero-shot de->fr.
 #
 #   bash examples/multi30k-multilingual/run.sh [--minutes N] [--out DIR] [--lang-tok encoder|decoder] [--beam K] [-- nmt-train flags]
 #
@@ -55,4 +56,8 @@ for pair in "${pairs[@]}"; do
     nmt-eval "$out/$pair/data" --path "$out/$pair/ckpt/checkpoint_last.pt" --split test \
         --beam "$beam" --output "$out/$pair/test.hyp.$tgt" > "$out/$pair/test.scores"
 done
+# Zero-shot de->fr (a direction never trained): the multilingual model only, with --zero-shot.
+nmt-eval --path "$out/multi/ckpt/checkpoint_last.pt" -s de -t fr --zero-shot --beam "$beam" \
+    --input data/multi30k/test_2016_flickr.de.gz --reference data/multi30k/test_2016_flickr.fr.gz \
+    --off-target --quiet > "$out/multi/test.de-fr.zero-shot.scores"
 python3 examples/multi30k-multilingual/table.py "$out" "${pairs[@]}" | tee "$out/table.md"

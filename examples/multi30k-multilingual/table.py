@@ -43,6 +43,13 @@ def main() -> None:
             f"| {pair} | {multi['bleu']:.2f} | {multi['chrf']:.2f} | {multi['off']:.2f} | "
             f"{single['bleu']:.2f} | {single['chrf']:.2f} | {single['off']:.2f} |"
         )
+    zero_shot = os.path.join(out, "multi", "test.de-fr.zero-shot.scores")
+    if os.path.exists(zero_shot):
+        found = scores(zero_shot)
+        print(
+            f"| de-fr (zero-shot) | {found['bleu']:.2f} | {found['chrf']:.2f} | {found['off']:.2f} "
+            "| - | - | - |"
+        )
 
 
 if __name__ == "__main__":

@@ -266,7 +266,6 @@ class GroupOutput:
     sides: dict[str, SideEntry]
     num_lines: int
     num_samples: int
-    first_line: int
     line_numbers: str | None
     filtered: dict[str, int]
     replaced_invalid_utf8: int
@@ -387,7 +386,6 @@ def encode_group(
         sides=sides,
         num_lines=num_lines,
         num_samples=num_samples,
-        first_line=0,
         line_numbers=numbers_name,
         filtered=filtered if role == "train" else {},
         replaced_invalid_utf8=replaced,
@@ -405,7 +403,6 @@ def direction_entry(
         tgt=output.sides[tgt],
         num_lines=output.num_lines,
         num_samples=output.num_samples,
-        first_line=output.first_line,
         line_numbers=output.line_numbers,
     )
     return SplitEntry(

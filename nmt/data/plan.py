@@ -165,6 +165,11 @@ class TrainingDataPlan:
         # Validation sets by direction ("" on a bilingual dataset); empty without a validation split.
         self.valid_sets: dict[str, ParallelCorpus | TaggedCorpus]
         if self.manifest.multilingual:
+            if cfg.subset_weights:
+                raise ValueError(
+                    "--subset-weights: a multilingual dataset blends its directions by size, "
+                    "or by --sampling-temperature"
+                )
             directions = [
                 open_directions(self.manifest, name, placement=cfg.lang_tok)
                 for name in cfg.train_subsets

@@ -199,3 +199,8 @@ def test_moved_dataset_still_opens(multi_data, tmp_path):
     moved = shutil.copytree(multi_data, tmp_path / "moved")
     manifest = load_manifest(str(moved))
     assert len(open_directions(manifest, "valid", placement="encoder")) == 4
+
+
+def test_subset_weights_refused_on_a_multilingual_dataset(multi_data):
+    with pytest.raises(ValueError, match="--subset-weights: a multilingual dataset"):
+        TrainingDataPlan(DataConfig(data_dir=multi_data, subset_weights=(1.0,)), seed=1)
