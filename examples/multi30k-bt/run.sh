@@ -56,7 +56,9 @@ score() {  # NAME CHECKPOINT: test_2016_flickr, beam 5, cased sacreBLEU and chrF
     local bleu chrf
     bleu=$(grep -o '^BLEU[^=]*= [0-9.]*' "$out/$name.scores" | awk '{print $NF}')
     chrf=$(grep -o '^chrF2[^=]*= [0-9.]*' "$out/$name.scores" | awk '{print $NF}')
-    printf '%s\t%s\t%s\t%s\n' "$name" "$minutes" "$bleu" "$chrf" >> "$out/scores.tsv"
+    local updates  # the update count nmt-train's last line reports (the machine may be shared)
+    updates=$(grep -o 'reached ([0-9]* updates' "$out/$name.log" | tail -1 | grep -o '[0-9]*')
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$minutes" "${updates:-?}" "$bleu" "$chrf" >> "$out/scores.tsv"
     cp "$checkpoint" "$out/model.pt"
     log "$name: test_2016_flickr BLEU $bleu chrF2 $chrf ($out/model.pt)"
 }
@@ -90,12 +92,9 @@ tagging=()
 [ "$tag" = 1 ] && tagging=(--tag-source)
 if [ ! -f "$out/$name/manifest.json" ]; then
     log "back-translating $mono ($bt)"
-    started=$(date +%s.%N)
     nmt-eval "$mono" --path "$out/de-en/checkpoint_last.pt" --split train --output-dataset "$out/$name" \
         "${search[@]}" "${tagging[@]}" --batch-size 128 2> "$out/$name.log"
-    python3 -c "import json; m = json.load(open('$out/$name/manifest.json'))['splits']['train']; \
-print(f\"{m['num_lines']} sentences in {$(date +%s.%N) - $started:.0f} s: {m['num_lines'] / ($(date +%s.%N) - $started):.1f} sentences/s\")" \
-        | tee "$out/$name.speed" >&2
+    grep -o 'back-translated [0-9]* sentences.*' "$out/$name.log" | tee "$out/$name.speed" >&2
 fi
 
 if [ "$baseline" = 1 ]; then

@@ -138,6 +138,7 @@ def test_kill_9_then_rerun_gives_the_same_bytes(tiny, mono, reference_run, tmp_p
     assert not chunks.exists()  # the chunks go once the dataset is installed
 
 
+@pytest.mark.slow  # two torchrun ranks start torch each: ~10-25 s
 def test_two_ranks_under_torchrun_equal_one(tiny, mono, reference_run, tmp_path):
     out = tmp_path / "bt"
     with socket.socket() as sock:

@@ -144,6 +144,7 @@ def test_models_of_the_wrong_direction_and_bad_options_are_one_line(setup, tmp_p
         assert "Traceback" not in "\n".join(err)
 
 
+@pytest.mark.slow  # two torchrun ranks start torch each: ~10-25 s
 def test_two_ranks_under_torchrun_score_as_one(setup, tmp_path):
     root, forward, reverse = setup
     one = tmp_path / "one.txt"
