@@ -167,6 +167,14 @@ def test_two_ranks_under_torchrun_equal_one(tiny, mono, reference_run, tmp_path)
     assert _files(str(out)) == _files(reference_run)
 
 
+def test_rerun_of_a_finished_dataset_changes_nothing(tiny, mono, reference_run, caplog):
+    before = _files(reference_run)
+    with caplog.at_level("INFO", logger="nmt.eval"):
+        assert eval_main(_bt_args(tiny, mono, reference_run, *SAMPLED, "--tag-source")) == 0
+    assert "already complete" in caplog.text
+    assert _files(reference_run) == before
+
+
 def test_refusals_are_one_line(tiny, mono, reference_run, tmp_path, capsys):
     # other options into a finished dataset
     assert eval_main(_bt_args(tiny, mono, reference_run, "--beam", "2")) == 1
