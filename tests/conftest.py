@@ -8,6 +8,7 @@ import os
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -213,6 +214,30 @@ def run_forked(module, args, *, env, timeout=300):
         _zygotes.append(_Zygote())
         atexit.register(_zygotes[0].close)
     return _zygotes[0].run(module, args, env=env, timeout=timeout)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(target, *args, nproc=2):
+    """``torchrun`` of ``target`` (a module, or a script's path) with ``nproc`` ranks on a free port."""
+    entry = [target] if target.endswith(".py") else ["-m", target]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    return [*launcher, "--master_port", str(free_port()), *entry, *args]
+
+
+def run_torchrun(target, *args, nproc=2, timeout=300):
+    """``torchrun_command`` run to its end, one thread per rank, its output captured as text."""
+    return subprocess.run(
+        torchrun_command(target, *args, nproc=nproc),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,6 @@ one corpus that is the single-process dataset sample for sample, so batches and 
 
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import numpy as np
@@ -16,7 +14,7 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.preprocess import preprocess
 
-from ..conftest import TINY_MODEL_FLAGS, run_forked
+from ..conftest import TINY_MODEL_FLAGS, run_forked, run_torchrun
 
 # --import-mode=importlib keeps test folders off sys.path
 sys.path.insert(0, os.path.dirname(__file__))
@@ -63,22 +61,7 @@ def datasets(tmp_path_factory):
     write_corpus(root, "extra", *random_pairs(97, seed=21))
     write_corpus(root, "valid", *random_pairs(30, seed=22))
     preprocess(PreprocessConfig(**options(root, root / "single")))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "-m",
-        "nmt_cli.preprocess",
-        *argv(options(root, root / "sharded")),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    result = run_torchrun("nmt_cli.preprocess", *argv(options(root, root / "sharded")))
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from nmt.data.manifest import load_manifest
 from nmt.data.spm import BT_TAG, SentencePieceModel
 from nmt_cli.eval import main as eval_main
 from nmt_cli.preprocess import main as preprocess_main
+
+from ..conftest import run_torchrun
 
 NUM_MONO = 120
 
@@ -141,30 +142,19 @@ def test_kill_9_then_rerun_gives_the_same_bytes(tiny, mono, reference_run, tmp_p
 @pytest.mark.slow  # two torchrun ranks start torch each: ~10-25 s
 def test_two_ranks_under_torchrun_equal_one(tiny, mono, reference_run, tmp_path):
     out = tmp_path / "bt"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "-m",
-        "nmt_cli.eval",
-        *_bt_args(tiny, mono, out, *SAMPLED, "--tag-source"),
-    ]
-    result = subprocess.run(
-        command,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_torchrun(
+        "nmt_cli.eval", *_bt_args(tiny, mono, out, *SAMPLED, "--tag-source"), timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert _files(str(out)) == _files(reference_run)
+
+
+def test_rerun_of_a_finished_dataset_changes_nothing(tiny, mono, reference_run, caplog):
+    before = _files(reference_run)
+    with caplog.at_level("INFO", logger="nmt.eval"):
+        assert eval_main(_bt_args(tiny, mono, reference_run, *SAMPLED, "--tag-source")) == 0
+    assert "already complete" in caplog.text
+    assert _files(reference_run) == before
 
 
 def test_refusals_are_one_line(tiny, mono, reference_run, tmp_path, capsys):

@@ -4,10 +4,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 
-from ..conftest import TINY_MODEL_FLAGS, run_forked
+from ..conftest import TINY_MODEL_FLAGS, run_forked, torchrun_command
 
 # The shared tiny model, with dropout on (the invariance and resume tests prove it reproducible).
 TINY_MODEL_FLAGS = [*TINY_MODEL_FLAGS, "--dropout", "0.1"]
@@ -46,18 +45,7 @@ def parse_log(stdout):
 def run_subprocess(args, *, torchrun_procs=None, timeout=300, env_extra=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     if torchrun_procs:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(torchrun_procs),
-            "--master_port",
-            str(_free_port()),
-            "-m",
-            "nmt_cli.train",
-            *args,
-        ]
+        command = torchrun_command("nmt_cli.train", *args, nproc=torchrun_procs)
     else:
         return run_forked("nmt_cli.train", args, env=env, timeout=timeout)
     with process_group(
@@ -90,14 +78,6 @@ def process_group(command, *, timeout=300, **popen_kwargs):
         watchdog.cancel()
         kill_group()
         process.wait()
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _descendants(pid):

@@ -2,8 +2,6 @@
 device its process group serves, and no host read of the device inside an update."""
 
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
@@ -12,7 +10,8 @@ import torch
 
 from nmt.train.step import UpdateStep
 
-from .conftest import _free_port, parse_log, train_command
+from ..conftest import run_torchrun
+from .conftest import parse_log, train_command
 from .test_trainer import make_trainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,25 +35,7 @@ def test_every_collective_of_a_two_rank_run_is_served_by_the_cuda_process_group(
         "--max-tokens-per-microbatch",
         "100",
     )
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-        os.path.join(HERE, "_collective_check.py"),
-        tiny_data,
-        *args,
-    ]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    result = run_torchrun(os.path.join(HERE, "_collective_check.py"), tiny_data, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["update"] for r in parse_log(result.stdout)] == [2, 4, 6]
     assert result.stderr.count("collectives checked:") == 2  # both ranks ran to the end

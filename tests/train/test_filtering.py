@@ -5,9 +5,6 @@ torchrun score as 1."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +16,8 @@ from nmt.data.manifest import load_manifest
 from nmt.train.filtering import dual_conditional_cross_entropy, kept_indices
 from nmt_cli.filter import main as filter_main
 from nmt_cli.preprocess import main as preprocess_main
+
+from ..conftest import run_torchrun
 
 NUM_PAIRS, NUM_BAD = 160, 40
 
@@ -149,28 +148,9 @@ def test_two_ranks_under_torchrun_score_as_one(setup, tmp_path):
     root, forward, reverse = setup
     one = tmp_path / "one.txt"
     assert filter_main(_filter_args(root, forward, reverse, "--scores", str(one))) == 0
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     two = tmp_path / "two.txt"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "-m",
-        "nmt_cli.filter",
-        *_filter_args(root, forward, reverse, "--scores", str(two)),
-    ]
-    result = subprocess.run(
-        command,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_torchrun(
+        "nmt_cli.filter", *_filter_args(root, forward, reverse, "--scores", str(two)), timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert np.allclose(np.loadtxt(one), np.loadtxt(two), atol=1e-5)

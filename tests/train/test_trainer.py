@@ -301,7 +301,7 @@ def _worker_pids(launcher_pid, rank):
 
 @pytest.mark.slow
 def test_torchrun_max_restarts_resumes_after_a_rank_dies(tiny_data, tmp_path):
-    from .conftest import _free_port
+    from ..conftest import free_port
 
     args = ["--max-update", "24", "--save-interval-updates", "3", "--dropout", "0.1"]
     reference = run_subprocess(
@@ -321,7 +321,7 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies(tiny_data, tmp_path):
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        f"127.0.0.1:{_free_port()}",
+        f"127.0.0.1:{free_port()}",
         "-m",
         "nmt_cli.train",
         tiny_data,
