@@ -27,7 +27,13 @@ from nmt.eval.translate import (
     read_references,
 )
 from nmt.fileio import check_apart, write_output
-from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+from nmt_cli.options import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    log_to_stderr,
+    run_main,
+)
 
 DEFAULT_BUFFER_SIZE = 4096
 
@@ -50,11 +56,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
     return run_main(
         "nmt-eval",
         lambda: _evaluate(config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)),

@@ -4,12 +4,11 @@ inference, or a MarianMT directory for Hugging Face transformers."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
 from nmt.deploy.ct2 import QUANTIZATIONS, export_ctranslate2
-from nmt_cli.options import ArgumentParser, run_main
+from nmt_cli.options import ArgumentParser, log_to_stderr, run_main
 
 
 def build_parser() -> ArgumentParser:
@@ -87,11 +86,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
     return run_main("nmt-export", lambda: _export(args))
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 from nmt.config import FilterConfig
-from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+from nmt_cli.options import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    log_to_stderr,
+    run_main,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -26,11 +31,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
     return run_main("nmt-filter", lambda: _filter(config_from_args(FilterConfig, args)))
 
 

@@ -10,11 +10,10 @@ checkpoint trained on SentencePiece pieces, with its dict.txt). The output direc
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
-from nmt_cli.options import ArgumentParser, run_main
+from nmt_cli.options import ArgumentParser, log_to_stderr, run_main
 
 
 def build_parser() -> ArgumentParser:
@@ -89,11 +88,7 @@ def _import(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(words)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
     return run_main("nmt-import", lambda: _import(args, ["nmt-import", *words]))
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -186,6 +188,16 @@ def config_from_args(
 ) -> T:
     """Build ``cls`` from the namespace; ``sections`` supplies nested section objects."""
     return cls(**config_values(cls, args, dest_prefix=dest_prefix), **sections)
+
+
+def log_to_stderr(level: int = logging.INFO, *, rank: int | None = None) -> None:
+    """The commands' one log line format, on stderr (each line names its rank under torchrun)."""
+    rank_field = "" if rank is None else f"rank {rank} | "
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s | {rank_field}%(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def run_main(

@@ -7,7 +7,13 @@ import logging
 import sys
 
 from nmt.config import PlotConfig
-from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+from nmt_cli.options import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    log_to_stderr,
+    run_main,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -24,11 +30,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
     for chatty in (
         "matplotlib",
         "tensorboard",

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from nmt.config import PreprocessConfig
-from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+from nmt_cli.options import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    log_to_stderr,
+    run_main,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -20,11 +25,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
 
     def run() -> int:
         from nmt.data.multilingual import preprocess_multilingual

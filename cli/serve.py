@@ -14,7 +14,13 @@ from nmt.config import EvalConfig
 from nmt.deploy.serve import ServeConfig, create_app
 from nmt.eval.ct2_model import CT2Model
 from nmt.eval.translate import Translator, language_pair
-from nmt_cli.options import ArgumentParser, add_config_arguments, config_from_args, run_main
+from nmt_cli.options import (
+    ArgumentParser,
+    add_config_arguments,
+    config_from_args,
+    log_to_stderr,
+    run_main,
+)
 
 logger = logging.getLogger("nmt.serve")
 MAX_HEAD_BYTES = 16 * 1024  # a request line and headers over this are answered 400 (h11's default)
@@ -162,11 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr()
     return run_main("nmt-serve", lambda: _serve(args))
 
 

@@ -30,6 +30,7 @@ from nmt_cli.options import (
     add_config_arguments,
     config_from_args,
     config_values,
+    log_to_stderr,
     run_main,
 )
 
@@ -191,11 +192,8 @@ def make_bleu_validator(
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 or vars(args)["logging.log_all_ranks"] else logging.WARNING,
-        format=f"%(asctime)s | rank {rank} | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
+    log_all = rank == 0 or vars(args)["logging.log_all_ranks"]
+    log_to_stderr(logging.INFO if log_all else logging.WARNING, rank=rank)
     # After logging is set up: these imports are the slow part.
     from nmt.train.difficulty import checkpoint_scorer
     from nmt.train.parallel import session
