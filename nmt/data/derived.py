@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from nmt.data.indexed import IndexedWriter
-from nmt.data.manifest import Manifest, PartEntry, SideEntry, SplitEntry, SpmEntry, sha256_files
+from nmt.data.manifest import Manifest, PartEntry, SplitEntry, SpmEntry, sha256_files
 from nmt.data.preprocess import LineNumbersWriter, make_workdir
 from nmt.data.spm import SPECIAL_IDS, token_dtype
 from nmt.fileio import Destination, install_directory
@@ -49,15 +49,7 @@ class TrainSplitWriter:
     def finish(self, *, num_lines: int, input_prefix: str, filtered: dict[str, int]) -> SplitEntry:
         sides = []
         for writer, prefix in zip(self.writers, self.prefixes):
-            writer.finish()
-            sides.append(
-                SideEntry(
-                    prefix=prefix,
-                    num_tokens=writer.num_tokens,
-                    token_dtype=str(writer.dtype),
-                    max_token_id=writer.max_token_id,
-                )
-            )
+            sides.append(writer.finish_entry(prefix))
         self.numbers.finish()
         part = PartEntry(
             src=sides[0],

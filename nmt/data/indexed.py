@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from nmt.data.manifest import SideEntry
 from nmt.fileio import describe_os_error, open_for_writing, write_all
 
 FORMAT_VERSION = 1
@@ -101,6 +102,16 @@ class IndexedWriter:
         write_all(self._lengths, lengths.astype("<i4").data)
         self.num_tokens += int(tokens.shape[0])
         self.num_sequences += int(lengths.shape[0])
+
+    def finish_entry(self, prefix: str) -> SideEntry:
+        """``finish``, then the manifest's entry of this file pair, named by ``prefix``."""
+        self.finish()
+        return SideEntry(
+            prefix=prefix,
+            num_tokens=self.num_tokens,
+            token_dtype=str(self.dtype),
+            max_token_id=self.max_token_id,
+        )
 
     def finish(self) -> int:
         """Append the lengths to the index, write both headers, fsync; returns the token count."""

@@ -367,13 +367,7 @@ def encode_group(
         progress.update(count)
     sides = {}
     for lang, writer in writers.items():
-        writer.finish()
-        sides[lang] = SideEntry(
-            prefix=group.prefix(split, lang),
-            num_tokens=writer.num_tokens,
-            token_dtype=str(writer.dtype),
-            max_token_id=writer.max_token_id,
-        )
+        sides[lang] = writer.finish_entry(group.prefix(split, lang))
     if numbers is not None:
         numbers.finish()
     for lang in gz_refs:

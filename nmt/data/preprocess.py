@@ -616,15 +616,7 @@ class SplitWriter:
     def finish(self, *, input_prefix: str) -> SplitEntry:
         sides = []
         for writer, prefix in zip(self.writers, self.prefixes):
-            writer.finish()
-            sides.append(
-                SideEntry(
-                    prefix=prefix,
-                    num_tokens=writer.num_tokens,
-                    token_dtype=str(writer.dtype),
-                    max_token_id=writer.max_token_id,
-                )
-            )
+            sides.append(writer.finish_entry(prefix))
         if len(sides) == 1:  # --only-source
             sides.append(sides[0])
         self.stats.src_tokens, self.stats.tgt_tokens = sides[0].num_tokens, sides[1].num_tokens
@@ -1113,15 +1105,7 @@ def merge_parts(manifest: Manifest) -> Manifest:
                         int(dataset.offsets[start]) : int(dataset.offsets[stop])
                     ]
                     writer.add_many(tokens, dataset.lengths[start:stop])
-            writer.finish()
-            sides.append(
-                SideEntry(
-                    prefix=prefix,
-                    num_tokens=writer.num_tokens,
-                    token_dtype=str(writer.dtype),
-                    max_token_id=writer.max_token_id,
-                )
-            )
+            sides.append(writer.finish_entry(prefix))
             written += [prefix + ".bin", prefix + ".idx"]
         line_numbers = None
         if all(part.line_numbers for part in entry.parts):
