@@ -13,9 +13,9 @@ import numpy as np
 
 from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import Manifest, PartEntry, SplitEntry, SpmEntry, sha256_files
-from nmt.data.preprocess import LineNumbersWriter, make_workdir
+from nmt.data.preprocess import LineNumbersWriter, building_dataset
 from nmt.data.spm import SPECIAL_IDS, token_dtype
-from nmt.fileio import Destination, install_directory
+from nmt.fileio import Destination
 
 SPM_NAME = "spm.model"
 
@@ -83,8 +83,7 @@ def write_derived_dataset(
         raise ValueError(
             f"{source.directory}: a vocabulary per language; derived datasets need one joint vocabulary"
         )
-    workdir = make_workdir(target.path)
-    try:
+    with building_dataset(target.path, target) as workdir:
         shutil.copyfile(source.path(source.spm.src_model), os.path.join(workdir, SPM_NAME))
         vocab_size = source.spm.src_vocab_size
         split = fill(TrainSplitWriter(workdir, langs=langs, vocab_size=vocab_size))
@@ -110,8 +109,4 @@ def write_derived_dataset(
             config=config,
         )
         manifest.write(workdir)
-        install_directory(workdir, target)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
     return manifest

@@ -19,7 +19,6 @@ import gzip
 import hashlib
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,8 +46,8 @@ from nmt.data.preprocess import (
     LineNumbersWriter,
     Reservoir,
     SplitStats,
+    building_dataset,
     filter_codes,
-    make_workdir,
     reference_name,
     split_names,
 )
@@ -73,7 +72,6 @@ from nmt.fileio import (
     check_destination,
     describe_os_error,
     exclusive_lock,
-    install_directory,
     lock_path_beside,
     open_for_writing,
     write_all,
@@ -443,13 +441,8 @@ def preprocess_multilingual(cfg: PreprocessConfig) -> tuple[Manifest, list[Split
     )
     with exclusive_lock(lock_path_beside(destdir), what=f"--destdir {destdir}"):
         check_destination(target)
-        workdir = make_workdir(destdir)
-        try:
+        with building_dataset(destdir, target) as workdir:
             manifest, stats = _build(cfg, pairs, languages, splits, destdir, workdir)
-            install_directory(workdir, target)
-        except BaseException:
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise
     return manifest, stats
 
 

@@ -725,6 +725,19 @@ def destination(cfg: PreprocessConfig, destdir: str) -> Destination:
     )
 
 
+@contextlib.contextmanager
+def building_dataset(destdir: str, target: Destination) -> Iterator[str]:
+    """A fresh work directory beside ``destdir`` (``make_workdir``), installed as ``target`` when the
+    block ends, removed when it fails: no reader ever sees a half-written dataset."""
+    workdir = make_workdir(destdir)
+    try:
+        yield workdir
+        install_directory(workdir, target)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
 def make_workdir(destdir: str) -> str:
     parent, name = os.path.split(destdir)
     try:
@@ -781,8 +794,8 @@ def build_dataset(
         plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None)
         for plan in plans
     }
-    workdir = make_workdir(destdir)  # first: an unwritable --destdir fails before hours of work
-    try:
+    # The directory first: an unwritable --destdir fails before hours of work.
+    with building_dataset(destdir, target) as workdir:
         protos = _vocabulary(cfg, shard, plans)
         models = [
             SentencePieceModel(proto, name=cfg.spm_model or "trained SentencePiece model")
@@ -871,10 +884,6 @@ def build_dataset(
         )
         # The manifest goes last: a directory with a manifest is a complete one.
         manifest.write(workdir)
-        install_directory(workdir, target)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
     return manifest, all_stats
 
 
