@@ -2,10 +2,18 @@
 # Back-translation on Multi30k en->de: a de->en model back-translates in-domain German captions
 # (data/multi30k-captions), then en->de trains on real + synthetic pairs; test_2016_flickr scored.
 #
-#   bash examples/multi30k-bt/run.sh [--minutes N] [--out DIR] [--baseline] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--filter F]
+#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--filter F] [--ct2] [--average-last K]
 #
-# --minutes N: the training budget of each model (the de->en model, the baseline, the final model).
+# --minutes N: the training budget of the en->de models (the baseline, the final model).
+# --reverse-minutes M: the de->en model's budget (default N).
 # --baseline: also train en->de on the real pairs alone for N minutes and score it (the comparison).
+# --side-by-side: the baseline and the final model train at the same time, one thread each, so that
+#   the equal-minutes comparison runs under equal conditions (on 2 cores, sequential runs meet
+#   different loads); implies --baseline, not with --filter (whose forward model is the baseline).
+# --ct2: back-translate with CTranslate2 (the de->en model exported, int8): several times faster.
+# --average-last K: score (and leave at DIR/model.pt) the average of the last K checkpoints (saved
+#   every 50 updates); default 5 for budgets of 20 minutes and more, else 1 (checkpoint_last.pt),
+#   as in examples/multi30k/run.sh. The de->en model back-translates with the same rule.
 # --bt: how the captions are back-translated: sample (--sampling --topk 10, the default), beam
 #   (beam 5), noise (beam 5 plus Edunov et al. 2018's noise). --no-tag: without the <bt> tag.
 # --captions K: the first K of the 5 caption files (29,000 lines each; default 1).
@@ -18,10 +26,15 @@
 set -euo pipefail
 
 usage() { sed -n '5p' "$0" | sed 's/^#  *//' >&2; exit 2; }
-minutes=5 out=runs/multi30k-bt baseline=0 bt=sample tag=1 captions=1 real_weight=0.5 filter=
+minutes=5 reverse_minutes= out=runs/multi30k-bt baseline=0 side_by_side=0 bt=sample tag=1 captions=1
+real_weight=0.5 filter= ct2=0 average_last=
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes="${2:?--minutes needs a value}"; shift 2 ;;
+        --reverse-minutes) reverse_minutes="${2:?--reverse-minutes needs a value}"; shift 2 ;;
+        --side-by-side) side_by_side=1; baseline=1; shift ;;
+        --ct2) ct2=1; shift ;;
+        --average-last) average_last="${2:?--average-last needs a value}"; shift 2 ;;
         --out) out="${2:?--out needs a value}"; shift 2 ;;
         --baseline) baseline=1; shift ;;
         --bt) bt="${2:?--bt needs a value}"; shift 2 ;;
@@ -39,19 +52,34 @@ case "$bt" in
     noise) search=(--beam 5 --source-noise) ;;
     *) echo "examples/multi30k-bt/run.sh: --bt sample|beam|noise, got $bt" >&2; exit 2 ;;
 esac
-hours=$(python3 -c "print($minutes / 60)")
+if [ "$side_by_side" = 1 ] && [ -n "$filter" ]; then
+    echo "examples/multi30k-bt/run.sh: --side-by-side trains the baseline beside the final model, but --filter needs the baseline first" >&2
+    exit 2
+fi
+reverse_minutes=${reverse_minutes:-$minutes}
+hours() { python3 -c "print($1 / 60)"; }
 mkdir -p "$out"
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
-train() {  # DATA SAVE_DIR [flags]: nmt-train's defaults (the Multi30k recipe) for --minutes
-    local data="$1" save="$2"; shift 2
-    nmt-train "$data" --stop-time-hours "$hours" --save-dir "$save" --no-epoch-checkpoints \
-        --log-file "$save.log" "$@" > /dev/null
+train() {  # MINUTES DATA SAVE_DIR [flags]: nmt-train's defaults (the Multi30k recipe)
+    local budget="$1" data="$2" save="$3"; shift 3
+    nmt-train "$data" --stop-time-hours "$(hours "$budget")" --save-dir "$save" --no-epoch-checkpoints \
+        --save-interval-updates 50 --keep-interval-updates 10 --log-file "$save.log" "$@" > /dev/null
 }
 
-score() {  # NAME CHECKPOINT: test_2016_flickr, beam 5, cased sacreBLEU and chrF2 into scores.tsv
-    local name="$1" checkpoint="$2"
-    nmt-eval "$out/data" --path "$checkpoint" --split test --beam 5 --output "$out/$name.test.de" \
+weights() {  # MINUTES SAVE_DIR: the --path flags of the model a run of MINUTES is scored with
+    local count="$average_last"
+    if [ -z "$count" ]; then
+        count=1
+        if python3 -c "import sys; sys.exit(not $1 >= 20)"; then count=5; fi
+    fi
+    if [ "$count" -gt 1 ]; then echo "--path $2 --average-last $count"; else echo "--path $2/checkpoint_last.pt"; fi
+}
+
+score() {  # NAME: test_2016_flickr, beam 5, cased sacreBLEU and chrF2 into scores.tsv
+    local name="$1" checkpoints
+    read -r -a checkpoints <<< "$(weights "$minutes" "$out/$name")"
+    nmt-eval "$out/data" "${checkpoints[@]}" --split test --beam 5 --output "$out/$name.test.de" \
         > "$out/$name.scores"
     local bleu chrf
     bleu=$(grep -o '^BLEU[^=]*= [0-9.]*' "$out/$name.scores" | awk '{print $NF}')
@@ -59,7 +87,18 @@ score() {  # NAME CHECKPOINT: test_2016_flickr, beam 5, cased sacreBLEU and chrF
     local updates  # the update count nmt-train's last line reports (the machine may be shared)
     updates=$(grep -o 'reached ([0-9]* updates' "$out/$name.log" | tail -1 | grep -o '[0-9]*')
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$minutes" "${updates:-?}" "$bleu" "$chrf" >> "$out/scores.tsv"
-    cp "$checkpoint" "$out/model.pt"
+    python3 - "$out/model.pt" "${checkpoints[@]}" <<'PYTHON'
+import sys
+
+import torch
+
+from nmt.checkpoint_io import last_checkpoints, load_averaged_checkpoint
+
+target, _, path, *average = sys.argv[1:]
+paths = last_checkpoints(path, int(average[1])) if average else [path]
+torch.save(load_averaged_checkpoint(paths), target + ".tmp")
+PYTHON
+    mv "$out/model.pt.tmp" "$out/model.pt"
     log "$name: test_2016_flickr BLEU $bleu chrF2 $chrf ($out/model.pt)"
 }
 
@@ -83,32 +122,44 @@ fi
 
 # The reverse model, then the back-translation (resumable: rerun after an interruption).
 if [ ! -f "$out/de-en/checkpoint_last.pt" ] || [ ! -f "$out/de-en.done" ]; then
-    log "training de->en for $minutes min"
-    train "$out/data-de-en" "$out/de-en"
+    log "training de->en for $reverse_minutes min"
+    train "$reverse_minutes" "$out/data-de-en" "$out/de-en"
     touch "$out/de-en.done"
 fi
 name="bt-$bt$([ "$tag" = 1 ] && echo -tagged)-c$captions"
 tagging=()
 [ "$tag" = 1 ] && tagging=(--tag-source)
+read -r -a reverse <<< "$(weights "$reverse_minutes" "$out/de-en")"
+if [ "$ct2" = 1 ]; then
+    name="$name-ct2"
+    if [ ! -f "$out/de-en-ct2/model.bin" ]; then
+        checkpoint="$out/de-en/checkpoint_last.pt"
+        if [ "${#reverse[@]}" -gt 2 ]; then
+            checkpoint=$(python3 -c "import sys; from nmt.checkpoint_io import last_checkpoints; print(','.join(last_checkpoints(sys.argv[1], int(sys.argv[2]))))" "$out/de-en" "${reverse[3]}")
+        fi
+        nmt-export "$checkpoint" --quantization int8 --output-dir "$out/de-en-ct2" --force > /dev/null
+    fi
+    reverse=(--path "$out/de-en-ct2")
+fi
 if [ ! -f "$out/$name/manifest.json" ]; then
     log "back-translating $mono ($bt)"
-    nmt-eval "$mono" --path "$out/de-en/checkpoint_last.pt" --split train --output-dataset "$out/$name" \
+    nmt-eval "$mono" "${reverse[@]}" --split train --output-dataset "$out/$name" \
         "${search[@]}" "${tagging[@]}" --batch-size 128 2> "$out/$name.log"
     grep -o 'back-translated [0-9]* sentences.*' "$out/$name.log" | tee "$out/$name.speed" >&2
 fi
 
-if [ "$baseline" = 1 ]; then
+train_baseline() {
     if [ ! -f "$out/baseline.done" ]; then
         log "training the baseline en->de (real pairs) for $minutes min"
-        train "$out/data" "$out/baseline"
+        train "$minutes" "$out/data" "$out/baseline"
         touch "$out/baseline.done"
-        score baseline "$out/baseline/checkpoint_last.pt"
     fi
-fi
+}
 
 synthetic="$out/$name"
 final="$name-w$real_weight"
 if [ -n "$filter" ]; then
+    train_baseline
     synthetic="$out/$name-f$filter"
     final="$name-f$filter-w$real_weight"
     if [ ! -f "$synthetic/manifest.json" ]; then
@@ -118,11 +169,29 @@ if [ -n "$filter" ]; then
             --scores "$out/$name.dcce" > "$out/$name-f$filter.log"
     fi
 fi
-if [ ! -f "$out/$final.done" ]; then
-    log "training en->de on real + $synthetic for $minutes min"
-    weights="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
-    train "$out/data" "$out/$final" --train-subsets "train,$synthetic/train" --subset-weights "$weights"
-    touch "$out/$final.done"
-    score "$final" "$out/$final/checkpoint_last.pt"
+train_final() {
+    if [ ! -f "$out/$final.done" ]; then
+        log "training en->de on real + $synthetic for $minutes min"
+        local blend
+        blend="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
+        train "$minutes" "$out/data" "$out/$final" --train-subsets "train,$synthetic/train" \
+            --subset-weights "$blend"
+        touch "$out/$final.done"
+    fi
+}
+if [ "$side_by_side" = 1 ]; then
+    OMP_NUM_THREADS=1 train_baseline &
+    baseline_job=$!
+    OMP_NUM_THREADS=1 train_final
+    wait "$baseline_job"
+elif [ "$baseline" = 1 ]; then
+    train_baseline
+    train_final
+else
+    train_final
 fi
+if [ "$baseline" = 1 ] && ! grep -q "^baseline	" "$out/scores.tsv" 2>/dev/null; then
+    score baseline
+fi
+grep -q "^$final	" "$out/scores.tsv" 2>/dev/null || score "$final"
 column -t -s "$(printf '\t')" "$out/scores.tsv" >&2

@@ -35,13 +35,15 @@ def main() -> None:
     for pair in pairs:
         target = pair.split("-")[1]
         multi = scores(os.path.join(out, "multi", f"test.{pair}.scores"))
-        single = scores(os.path.join(out, pair, "test.scores"))
-        path = os.path.join(out, pair, f"test.hyp.{target}")
-        hypotheses = decode_lines(read_raw_lines(path), path=path, replace_invalid=True).lines
-        single["off"] = off_target_rate(hypotheses, target, languages=languages)
+        bilingual = "- | - | -"  # run.sh --no-bilingual
+        if os.path.exists(os.path.join(out, pair, "test.scores")):
+            single = scores(os.path.join(out, pair, "test.scores"))
+            path = os.path.join(out, pair, f"test.hyp.{target}")
+            hypotheses = decode_lines(read_raw_lines(path), path=path, replace_invalid=True).lines
+            off = off_target_rate(hypotheses, target, languages=languages)
+            bilingual = f"{single['bleu']:.2f} | {single['chrf']:.2f} | {off:.2f}"
         print(
-            f"| {pair} | {multi['bleu']:.2f} | {multi['chrf']:.2f} | {multi['off']:.2f} | "
-            f"{single['bleu']:.2f} | {single['chrf']:.2f} | {single['off']:.2f} |"
+            f"| {pair} | {multi['bleu']:.2f} | {multi['chrf']:.2f} | {multi['off']:.2f} | {bilingual} |"
         )
     zero_shot = os.path.join(out, "multi", "test.de-fr.zero-shot.scores")
     if os.path.exists(zero_shot):
