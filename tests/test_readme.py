@@ -39,7 +39,9 @@ def recipe_options():
     return {
         flag
         for path in (ROOT / "examples").glob("*/run.sh")
-        for flag in re.findall(r"^\s*(--[a-z0-9-]+)\)", path.read_text(encoding="utf-8"), flags=re.M)
+        for flag in re.findall(
+            r"^\s*(--[a-z0-9-]+)\)", path.read_text(encoding="utf-8"), flags=re.M
+        )
     }
 
 
