@@ -233,23 +233,22 @@ def _decode(
 ) -> list[list[Translation]]:
     """The chunk's n-best translations (with per-token scores for --format fairseq), or with
     --score-reference its references scored by forced decoding."""
+    first_tokens = translator.first_tokens(direction, len(chunk.sources))
     if io.score_reference:
         assert references is not None
         return [
             [t]
             for t in translator.score_references(
-                chunk.sources, references, alignment=io.print_alignment
+                chunk.sources, references, alignment=io.print_alignment, first_tokens=first_tokens
             )
         ]
     results = translator.detokenize(
-        translator.generate(
-            chunk.sources,
-            progress=progress,
-            first_tokens=translator.first_tokens(direction, len(chunk.sources)),
-        )
+        translator.generate(chunk.sources, progress=progress, first_tokens=first_tokens)
     )
     if io.format == "fairseq":
-        translator.add_token_scores(chunk.sources, results, alignment=io.print_alignment)
+        translator.add_token_scores(
+            chunk.sources, results, alignment=io.print_alignment, first_tokens=first_tokens
+        )
     return results
 
 
@@ -340,11 +339,6 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
                 f"direction {io.source_lang}-{io.target_lang}: not in the model (it has {'-'.join(pair)})"
             )
     direction = translator.direction(io.source_lang, io.target_lang, zero_shot=io.zero_shot)
-    if direction.first_token is not None and (io.format == "fairseq" or io.score_reference):
-        raise ValueError(
-            "--format fairseq / --score-reference: not available for a model with its language tag "
-            "on the decoder side (--lang-tok decoder); plain output works"
-        )
     job = _open_job(io, cfg, translator, direction)
     fairseq_lines = (
         FairseqLines(

@@ -48,8 +48,8 @@ def generate(
 
     PAD, BOS and ``banned`` (the vocabulary's tags) are never generated. ``first_tokens`` (B,):
     each sentence's first output token is forced to it (a multilingual model's target tag on the
-    decoder side), scored 0 and left out of the hypotheses; that token does not count towards
-    ``min_len`` and the length limit.
+    decoder side), scored 0 and left out of the hypotheses and of their length (``lenpen``); that
+    token does not count towards ``min_len`` and the length limit.
 
     ``cfg.beam == 1`` takes the greedy path; ``cfg.sampling`` draws ``cfg.beam`` samples per
     sentence (with ``generator`` for reproducibility) and keeps the ``cfg.nbest`` best-scoring.
@@ -194,7 +194,12 @@ def _one_token_per_row(
         if first_tokens is not None:
             first_tokens = first_tokens.repeat_interleave(per_sentence)
     row_max_len = np.repeat(max_len, per_sentence)
-    finished = _Finished(num_rows, max_steps=int(max_len.max()) + 1, device=device)
+    finished = _Finished(
+        num_rows,
+        max_steps=int(max_len.max()) + 1,
+        device=device,
+        forced=int(first_tokens is not None),
+    )
     rows = torch.arange(num_rows, device=device)  # original row of each active row
     prefix = torch.full((num_rows, 1), BOS_ID, dtype=torch.long, device=device)
     sums = torch.zeros(num_rows, device=device)
@@ -244,7 +249,12 @@ def _beam_search(
     first_tokens: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
-    finished = _Finished(num_sentences * beam, max_steps=int(max_len.max()) + 1, device=device)
+    finished = _Finished(
+        num_sentences * beam,
+        max_steps=int(max_len.max()) + 1,
+        device=device,
+        forced=int(first_tokens is not None),
+    )
     num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
     sentences = torch.arange(num_sentences, device=device)  # original index of each active sentence
     # All beams start identical, so the first step runs on one row per sentence (beam 0, the only
@@ -338,8 +348,11 @@ class _Finished:
     data-dependent shapes (no nonzero, no host sync).
     """
 
-    def __init__(self, num_slots: int, *, max_steps: int, device: torch.device) -> None:
+    def __init__(
+        self, num_slots: int, *, max_steps: int, device: torch.device, forced: int = 0
+    ) -> None:
         self.discard_row = num_slots
+        self.forced = forced  # a forced first token (the decoder-side tag) is not in the length
         self.tokens = torch.full(
             (num_slots + 1, max_steps + 1), PAD_ID, dtype=torch.long, device=device
         )
@@ -359,7 +372,7 @@ class _Finished:
         length = step + 1  # generated tokens, EOS included
         self.tokens[:, : step + 2].index_copy_(0, slots, prefixes)
         self.lengths.index_fill_(0, slots, length)
-        self.scores.index_copy_(0, slots, sums / length**cfg.lenpen)
+        self.scores.index_copy_(0, slots, sums / (length - self.forced) ** cfg.lenpen)
 
     def best(self, num_sentences: int, *, per_sentence: int, nbest: int) -> list[list[Hypothesis]]:
         scores = self.scores[:-1].view(num_sentences, per_sentence)

@@ -375,14 +375,23 @@ class Translator:
         *,
         need_attention: bool = False,
         progress: bool = False,
+        first_tokens: Sequence[int] | None = None,
     ) -> list[TargetScore]:
         """Forced decoding: the log-probability of every token of each target (ids, EOS included)
         given its source, from the ensemble, batched like ``generate``; with ``need_attention``
         also the last decoder layer's cross-attention. Targets longer than the model's positions
-        are scored on their first positions only (counted in a warning)."""
+        are scored on their first positions only (counted in a warning). ``first_tokens``: per
+        target, the decoder-side language tag the model reads before it, left out of the scores
+        as ``generate`` leaves it out of the hypotheses."""
         self.require_forced_decoding()
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets: they must align")
+        forced = 0
+        if first_tokens is not None:
+            forced = 1
+            targets = [
+                [first, *target] for first, target in zip(first_tokens, targets, strict=True)
+            ]
         cfg = self.config
         src_lengths = self._source_lengths(sources)
         max_target = self.backend.max_target_positions
@@ -423,10 +432,10 @@ class Translator:
                 for row, index in enumerate(indices):
                     length, source_length = int(tgt_lengths[index]), int(src_lengths[index])
                     results[index] = TargetScore(
-                        token_scores=scores_np[row, :length],
+                        token_scores=scores_np[row, forced:length],
                         attention=None
                         if attention_np is None
-                        else attention_np[row, :length, :source_length],
+                        else attention_np[row, forced:length, :source_length],
                     )
                 bar.update(len(indices))
         return results
@@ -437,9 +446,11 @@ class Translator:
         translations: Sequence[Sequence[Translation]],
         *,
         alignment: bool = False,
+        first_tokens: Sequence[int] | None = None,
     ) -> None:
         """Fill each translation's ``positional_scores`` (and ``alignment``) by forced decoding of its
-        tokens, as fairseq-generate prints them; translations of empty sources (not decoded) get none."""
+        tokens, as fairseq-generate prints them; translations of empty sources (not decoded) get none.
+        ``first_tokens``: per source, as ``generate`` took them."""
         pairs = [
             (index, translation)
             for index, nbest in enumerate(translations)
@@ -450,6 +461,7 @@ class Translator:
             [sources[index] for index, _ in pairs],
             [t.tokens + [EOS_ID] for _, t in pairs],
             need_attention=alignment,
+            first_tokens=None if first_tokens is None else [first_tokens[i] for i, _ in pairs],
         )
         for nbest in translations:
             for translation in nbest:
@@ -468,15 +480,22 @@ class Translator:
                 )
 
     def score_references(
-        self, sources: Sequence[np.ndarray], references: Sequence[str], *, alignment: bool = False
+        self,
+        sources: Sequence[np.ndarray],
+        references: Sequence[str],
+        *,
+        alignment: bool = False,
+        first_tokens: Sequence[int] | None = None,
     ) -> list[Translation]:
         """fairseq's ``--score-reference``: each raw reference line scored as the translation of its
-        source (forced decoding), with the hypotheses' score rule (sum / length ** lenpen)."""
+        source (forced decoding), with the hypotheses' score rule (sum / length ** lenpen);
+        ``first_tokens`` as ``generate`` takes them."""
         targets = [ids + [EOS_ID] for ids in self.tgt_spm.encode(references)]
+        scores = self.score_targets(
+            sources, targets, need_attention=alignment, first_tokens=first_tokens
+        )
         results = []
-        for index, (reference, target, scored) in enumerate(
-            zip(references, targets, self.score_targets(sources, targets, need_attention=alignment))
-        ):
+        for index, (reference, target, scored) in enumerate(zip(references, targets, scores)):
             length = len(scored.token_scores)
             results.append(
                 Translation(

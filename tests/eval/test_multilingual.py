@@ -181,3 +181,58 @@ def test_bilingual_model_checks_s_t(tiny, tmp_path, capsys):
         eval_main(["--path", tiny.checkpoint, "--input", str(source), "-s", "en", "-t", "fr"]) == 1
     )
     assert "direction en-fr: not in the model (it has en-de)" in capsys.readouterr().err
+
+
+def test_forced_decoding_with_a_decoder_side_tag_scores_what_the_search_found(multi_models):
+    from nmt.data.spm import EOS_ID
+
+    translator = Translator.from_checkpoint(multi_models["decoder"])
+    direction = translator.direction("en", "fr")
+    sources = translator.encode(SENTENCES, direction=direction)
+    first_tokens = translator.first_tokens(direction, len(sources))
+    lenpen = 0.6
+    found = [
+        nbest[0]
+        for nbest in translator.generate(sources, beam=1, lenpen=lenpen, first_tokens=first_tokens)
+    ]
+    targets = [hypothesis.tokens + [EOS_ID] for hypothesis in found]
+    scored = translator.score_targets(sources, targets, first_tokens=first_tokens)
+    for hypothesis, result in zip(found, scored):
+        # The tag is read, not scored: one score per hypothesis token and EOS, the search's score.
+        assert len(result.token_scores) == len(hypothesis.tokens) + 1
+        assert float(result.token_scores.sum()) / len(
+            result.token_scores
+        ) ** lenpen == pytest.approx(hypothesis.score, abs=1e-4)
+    untagged = translator.score_targets(sources, targets)
+    assert any(
+        abs(float(a.token_scores.sum()) - float(b.token_scores.sum())) > 1e-3
+        for a, b in zip(scored, untagged)
+    )  # without the tag the decoder reads another prefix
+
+
+def test_fairseq_format_and_score_reference_with_a_decoder_side_tag(
+    multi_data, multi_models, tmp_path, capsys
+):
+    path = multi_models["decoder"]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in SENTENCES), encoding="utf-8")
+    code = eval_main(
+        ["--path", path, "-s", "en", "-t", "fr", "--input", str(source), "--format", "fairseq"]
+    )
+    lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    hypotheses = [line for line in lines if line[0].startswith("H-")]
+    positional = [line for line in lines if line[0].startswith("P-")]
+    assert len(hypotheses) == len(positional) == len(SENTENCES)
+    for h, p in zip(hypotheses, positional):
+        scores = [float(x) for x in p[1].split(" ")]
+        assert len(scores) == len(h[2].split(" ")) + 1  # the tokens and EOS, no tag
+        assert sum(scores) / len(scores) == pytest.approx(float(h[1]), abs=2e-3)
+        assert not h[2].startswith("<2")
+    code = eval_main([multi_data, "--path", path, "-s", "en", "-t", "fr", "--score-reference"])
+    captured = capsys.readouterr()
+    scores = [float(line) for line in captured.out.splitlines()]
+    with open(os.path.join(os.path.dirname(multi_data), "test.fr"), encoding="utf-8") as handle:
+        references = handle.read().split("\n")[:-1]
+    assert code == 0 and len(scores) == len(references) and max(scores) < 0
+    assert "reference log-probability per token" in captured.err
