@@ -47,7 +47,7 @@ import numpy as np
 
 from nmt.config import opt, option_name
 from nmt.eval.hypothesis import LengthLimitError
-from nmt.eval.languages import BILINGUAL, Direction, Languages
+from nmt.eval.languages import BILINGUAL, Direction, Languages, language_name
 from nmt.eval.translate import Translator
 
 logger = logging.getLogger(__name__)
@@ -421,14 +421,18 @@ class Service:
         """LibreTranslate's /languages: each language and the targets it translates into."""
         if self.languages is None:
             return [
-                {"code": self.source_lang, "name": self.source_lang, "targets": [self.target_lang]},
-                {"code": self.target_lang, "name": self.target_lang, "targets": []},
+                {
+                    "code": self.source_lang,
+                    "name": language_name(self.source_lang),
+                    "targets": [self.target_lang],
+                },
+                {"code": self.target_lang, "name": language_name(self.target_lang), "targets": []},
             ]
         pairs = [pair.split("-") for pair in self.languages.pairs]
         return [
             {
                 "code": code,
-                "name": code,
+                "name": language_name(code),
                 "targets": sorted(
                     target
                     for target in self.languages.targets

@@ -66,6 +66,8 @@ def test_languages_lists_every_direction(server):
     listing = {entry["code"]: entry["targets"] for entry in json.loads(body)}
     assert status == 200
     assert listing == {"de": ["en"], "en": ["de", "fr"], "fr": ["en"]}
+    names = {entry["code"]: entry["name"] for entry in json.loads(body)}
+    assert names == {"de": "German", "en": "English", "fr": "French"}
 
 
 def test_untrained_direction_is_a_400_naming_the_directions(server):
