@@ -17,7 +17,7 @@ from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.text import count_lines, open_binary
 from nmt.eval.hypothesis import LengthLimitError
-from nmt.eval.languages import Direction
+from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.output import FairseqLines, base2, plain_lines
 from nmt.eval.translate import (
     Translation,
@@ -279,11 +279,21 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
 
         dist.init_distributed("cpu")
         barrier = dist.barrier
-    source_lang, target_lang = language_pair(path)
-    model = ModelInfo(
-        path=path, source_lang=source_lang, target_lang=target_lang, sha256=model_sha256(path)
-    )
     translator = load_translator(io, cfg, [path])
+    direction = BILINGUAL
+    if translator.languages is None:
+        source_lang, target_lang = language_pair(path)
+    else:  # the monolingual text's language into -t (the model's tags do the rest)
+        source_lang = io.source_lang or load_manifest(io.data_dir).source_lang
+        target_lang = io.target_lang
+        direction = translator.direction(source_lang, target_lang, zero_shot=io.zero_shot)
+    model = ModelInfo(
+        path=path,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        sha256=model_sha256(path),
+        direction=direction,
+    )
     options = GenerationOptions(
         split=io.split,
         chunk_sentences=io.chunk_sentences,

@@ -40,6 +40,7 @@ from nmt.data.manifest import (
 )
 from nmt.data.monolingual import require_monolingual
 from nmt.data.spm import BT_TAG, EOS_ID, UNK_ID, SentencePieceModel
+from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.translate import Translator
 from nmt.fileio import (
     Destination,
@@ -77,6 +78,7 @@ class ModelInfo:
     source_lang: str
     target_lang: str
     sha256: str
+    direction: Direction = BILINGUAL  # a multilingual model: the tags of source_lang-target_lang
 
 
 def model_sha256(path: str) -> str:
@@ -152,11 +154,18 @@ def translate_chunk(
     index: int,
     starts: np.ndarray | None,
     tag_id: int | None,
+    direction: Direction = BILINGUAL,
 ) -> np.ndarray:
     """One chunk's result as one int64 array: ``[n, length_1..length_n, tokens...]``; a length is
-    the synthetic source's (EOS and tag included), or -1 (empty translation) / -2 (ratio filter)."""
+    the synthetic source's (EOS and tag included), or -1 (empty translation) / -2 (ratio filter).
+    ``direction``: a multilingual model's tags, around the text (the ratio filter measures the text)."""
     seed = chunk_seed(cfg.seed, index)
-    hypotheses = translator.generate(sources, seed=seed)
+    prefix = np.asarray(direction.source_prefix, dtype=np.int64)
+    hypotheses = translator.generate(
+        [np.concatenate([prefix, source]) for source in sources] if len(prefix) else sources,
+        seed=seed,
+        first_tokens=translator.first_tokens(direction, len(sources)),
+    )
     rng = np.random.default_rng(seed)
     lengths = np.empty(len(sources), dtype=np.int64)
     kept: list[np.ndarray] = []
@@ -181,8 +190,14 @@ def _identity(
 ) -> dict[str, Any]:
     """What the dataset is a function of; a rerun into the same place must match it."""
     split = source.split(options.split)
+    direction = (
+        {}
+        if model.direction == BILINGUAL
+        else {"direction": f"{model.source_lang}-{model.target_lang}"}
+    )
     return {
         "model": model.sha256,
+        **direction,
         "input": {
             "dataset": os.path.abspath(source.directory),
             "split": options.split,
@@ -311,6 +326,7 @@ def generate_dataset(
                     index=index,
                     starts=starts,
                     tag_id=tag_id,
+                    direction=model.direction,
                 )
                 with atomic_write(_chunk_path(chunk_dir, index)) as handle:
                     np.save(handle, result)

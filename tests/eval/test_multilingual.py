@@ -4,6 +4,7 @@ the text stays text, and an export decodes as its checkpoint does."""
 
 import os
 
+import numpy as np
 import pytest
 
 from nmt.eval.translate import Translator
@@ -236,3 +237,41 @@ def test_fairseq_format_and_score_reference_with_a_decoder_side_tag(
         references = handle.read().split("\n")[:-1]
     assert code == 0 and len(scores) == len(references) and max(scores) < 0
     assert "reference log-probability per token" in captured.err
+
+
+@pytest.mark.parametrize("placement", ["encoder", "decoder"])
+def test_back_translation_with_one_direction_of_a_multilingual_model(
+    multi_data, multi_models, tmp_path, capsys, placement
+):
+    from nmt.data.corpus import ParallelCorpus
+    from nmt.data.manifest import load_manifest
+    from nmt.data.spm import BT_TAG
+    from nmt_cli.preprocess import main as preprocess_main
+
+    with open(os.path.join(os.path.dirname(multi_data), "test.de"), encoding="utf-8") as handle:
+        german = handle.read().split("\n")[:-1]
+    (tmp_path / "mono.de").write_text("\n".join(german) + "\n", encoding="utf-8")
+    mono = str(tmp_path / "mono-data")
+    spm = os.path.join(multi_data, "spm.model")
+    common = ["--trainpref", str(tmp_path / "mono"), "--spm-model", spm, "--workers", "1"]
+    assert preprocess_main(["--only-source", "-s", "de", *common, "--destdir", mono]) == 0
+    path = multi_models[placement]
+    bt_args = [mono, "--path", path, "--split", "train", "--beam", "2", "--cpu"]
+    assert eval_main([*bt_args, "--output-dataset", str(tmp_path / "none")]) == 1
+    assert (
+        "give the direction with -s/--source-lang and -t/--target-lang" in capsys.readouterr().err
+    )
+    out = str(tmp_path / "bt")
+    assert eval_main([*bt_args, "-t", "en", "--output-dataset", out, "--tag-source"]) == 0
+    manifest = load_manifest(out)
+    assert (manifest.source_lang, manifest.target_lang) == ("en", "de")
+    translator = Translator.from_checkpoint(path)
+    expected = translator.translate(german, source_lang="de", target_lang="en", beam=2)
+    corpus = ParallelCorpus(out, "train")
+    tags = dict(translator.tgt_spm.tags)
+    bt_tag = tags.pop(BT_TAG)
+    assert len(corpus) > 0
+    for index, line in enumerate(np.asarray(corpus.line_numbers)):
+        synthetic = corpus[index][0]
+        assert synthetic[0] == bt_tag and not set(synthetic.tolist()) & set(tags.values())
+        assert translator.tgt_spm.decode([synthetic[1:-1].tolist()])[0] == expected[int(line)]
