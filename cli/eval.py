@@ -283,9 +283,8 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
     direction = BILINGUAL
     if translator.languages is None:
         source_lang, target_lang = language_pair(path)
-    else:  # the monolingual text's language into -t (the model's tags do the rest)
-        source_lang = io.source_lang or load_manifest(io.data_dir).source_lang
-        target_lang = io.target_lang
+    else:  # -s/-t: the direction (check_model holds -s to the monolingual text's language)
+        source_lang, target_lang = io.source_lang, io.target_lang
         direction = translator.direction(source_lang, target_lang, zero_shot=io.zero_shot)
     model = ModelInfo(
         path=path,

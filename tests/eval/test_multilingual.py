@@ -262,7 +262,9 @@ def test_back_translation_with_one_direction_of_a_multilingual_model(
         "give the direction with -s/--source-lang and -t/--target-lang" in capsys.readouterr().err
     )
     out = str(tmp_path / "bt")
-    assert eval_main([*bt_args, "-t", "en", "--output-dataset", out, "--tag-source"]) == 0
+    assert (
+        eval_main([*bt_args, "-s", "de", "-t", "en", "--output-dataset", out, "--tag-source"]) == 0
+    )
     manifest = load_manifest(out)
     assert (manifest.source_lang, manifest.target_lang) == ("en", "de")
     translator = Translator.from_checkpoint(path)
