@@ -303,7 +303,7 @@ def compile_for(trainer, batches: list[np.ndarray]) -> float:
     needed = StaticShapes(
         tuple(sorted({static.shape_for(size) for size in sizes}, key=lambda s: s[1])), static.packed
     )
-    trainer.compiled = compile_for_shapes(trainer.step, needed, world_size=1)
+    trainer.compiled = compile_for_shapes(trainer.step, needed)
     return trainer.compiled.warmup_seconds
 
 

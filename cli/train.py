@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 print_samples=train_cfg.checkpoint.eval_bleu_print_samples,
                 lang_tok=train_cfg.data.lang_tok,
             )
-        with session(train_cfg.run.device) as this_process:
+        with session(train_cfg.run.device, train_cfg.run.distributed_backend) as this_process:
             scorer = None
             curriculum = train_cfg.data.curriculum_spec
             if curriculum is not None and curriculum.kind == "model":

@@ -850,8 +850,17 @@ class RunConfig:
         "transformer_tiny",
         f"model preset ({', '.join(ARCHS)}); model flags override it one by one",
     )
-    device: str = opt("auto", "auto: CUDA when available", choices=("auto", "cpu", "cuda"))
+    device: str = opt(
+        "auto",
+        "auto (CUDA when available), cpu, cuda (under torchrun: each rank's own GPU), cuda:N",
+    )
     cpu: bool = opt(False, "fairseq's spelling of --device cpu")
+    distributed_backend: str = opt(
+        "auto",
+        "collectives under torchrun. auto: NCCL for GPU tensors (gloo for host ones), gloo on the CPU; "
+        "gloo: gloo for GPU tensors too (several ranks sharing one GPU, which NCCL refuses)",
+        choices=("auto", "nccl", "gloo"),
+    )
     bf16: bool = opt(False, "bfloat16 autocast")
     fp16: bool = opt(False, "float16 autocast with loss scaling (overflows skip the update)")
     compile: bool = opt(
@@ -871,9 +880,19 @@ class RunConfig:
             "arch",
             f"must be one of {', '.join(sorted(ARCHS))}, got {self.arch!r}",
         )
+        _require(
+            re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
+            "device",
+            f"must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+        )
         if self.cpu:
             _require(self.device in ("auto", "cpu"), "cpu", f"contradicts --device {self.device}")
             self.device = "cpu"
+        _require(
+            not (self.distributed_backend == "nccl" and self.device == "cpu"),
+            "distributed_backend",
+            "nccl needs CUDA devices, but --device is cpu (use auto or gloo)",
+        )
         _require(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
         for name in ("max_update", "max_epoch"):
             _require(getattr(self, name) >= 0, name, "must be >= 0")

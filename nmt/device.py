@@ -10,7 +10,8 @@ import torch
 def resolve_device(name: str, *, local_rank: int | None = None) -> torch.device:
     """``--device``: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N.
 
-    Under torchrun (``local_rank`` given) ``cuda`` means this rank's GPU, ``cuda:LOCAL_RANK``. A
+    Under torchrun (``local_rank`` given) ``cuda`` means this rank's GPU, ``cuda:LOCAL_RANK``;
+    otherwise the current one (``cuda:0`` unless CUDA_VISIBLE_DEVICES or the caller chose). A
     CUDA device is made the current one: NCCL communicators bind to the current device, so it must
     be set before the process group starts.
     """
@@ -21,8 +22,9 @@ def resolve_device(name: str, *, local_rank: int | None = None) -> torch.device:
         return device
     if not torch.cuda.is_available():
         raise ValueError(f"--device {name}: no CUDA device is available (use --device auto or cpu)")
-    if device.index is None and local_rank is not None:
-        device = torch.device("cuda", local_rank)
+    if device.index is None:  # set_device wants an index ("Expected a torch.device with ...")
+        index = torch.cuda.current_device() if local_rank is None else local_rank
+        device = torch.device("cuda", index)
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
     torch.cuda.set_device(device)

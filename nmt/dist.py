@@ -54,8 +54,9 @@ def get_world_size() -> int:
     return torch_dist.get_world_size() if is_initialized() else 1
 
 
-def backend_for(device_type: str) -> str:
-    """The process group's backends for a session on ``device_type``.
+def backend_for(device_type: str, choice: str = "auto") -> str:
+    """The process group's backends for a session on ``device_type`` (``choice``:
+    ``--distributed-backend``).
 
     On CUDA one group holds two backends: NCCL for tensors on the GPU (gradients, the hot loop's
     running sums) and gloo for tensors in host memory (the set-up collectives over numpy data:
@@ -63,23 +64,25 @@ def backend_for(device_type: str) -> str:
     device its tensor is on, which a pure NCCL group does not ("No backend type associated with
     device type cpu"); and host data is never copied to the GPU only to be reduced there. Object
     collectives on such a group run on the CPU (torch picks cpu when a group has it).
+
+    ``gloo`` reduces GPU tensors with gloo too: slower, but it runs where NCCL refuses, e.g. ranks
+    that share one GPU ("Duplicate GPU detected").
     """
-    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    if choice == "nccl" and device_type != "cuda":
+        raise ValueError(
+            f"--distributed-backend nccl: needs CUDA devices, but this run is on {device_type}"
+        )
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" and choice != "gloo" else "gloo"
 
 
-def served_device_types(backend: str) -> frozenset[str]:
-    """The device types whose tensors a backend string (``backend_for``'s form) can reduce."""
-    if ":" not in backend:
-        return frozenset({"cuda"} if backend == "nccl" else {"cpu", "cuda"})
-    return frozenset(pair.split(":", 1)[0] for pair in backend.split(","))
-
-
-def init_distributed(device_type: str, *, timeout_minutes: float = 30.0) -> DistEnv:
-    """Join the process group torchrun describes (``backend_for(device_type)``); no-op for one
-    rank. On CUDA, call after ``resolve_device`` (which sets the current device)."""
+def init_distributed(
+    device_type: str, *, backend_choice: str = "auto", timeout_minutes: float = 30.0
+) -> DistEnv:
+    """Join the process group torchrun describes (``backend_for(device_type, backend_choice)``);
+    no-op for one rank. On CUDA, call after ``resolve_device`` (which sets the current device)."""
     env = env_from_environ()
     if env.world_size > 1 and not is_initialized():
-        backend = backend_for(device_type)
+        backend = backend_for(device_type, backend_choice)
         timeout = datetime.timedelta(minutes=timeout_minutes)
         torch_dist.init_process_group(
             backend=backend,

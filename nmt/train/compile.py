@@ -21,11 +21,6 @@ from nmt.train.step import UpdateStep
 logger = logging.getLogger(__name__)
 
 
-def compile_mode(*, device_type: str, world_size: int) -> str:
-    """CUDA graphs (reduce-overhead) pay off on one GPU; with DDP or on CPU keep the default."""
-    return "reduce-overhead" if device_type == "cuda" and world_size == 1 else "default"
-
-
 def compiled_frames() -> int:
     """Frames dynamo compiled so far in this process (grows by one per (re)compilation)."""
     return int(torch._dynamo.utils.counters["frames"]["ok"])
@@ -50,19 +45,22 @@ class CompiledModel:
         return compiled_frames() - self.frames_after_warmup
 
 
-def compile_for_shapes(step: UpdateStep, static: StaticShapes, *, world_size: int) -> CompiledModel:
+def compile_for_shapes(step: UpdateStep, static: StaticShapes) -> CompiledModel:
     """Compile ``step``'s runner, run forward + backward once per shape on dummy data (no optimizer
     step, RNG untouched, gradients zeroed after), and make the step train through it."""
     warmup_batches = static.warmup_batches()
     device = step.device
-    mode = compile_mode(device_type=device.type, world_size=world_size)
     # One graph per shape, and a few spare for the eval/train mode switch of the same module.
     torch._dynamo.config.recompile_limit = max(8, 2 * len(warmup_batches) + 2)
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 4 * len(warmup_batches) + 8
     )
     try:
-        compiled = torch.compile(step.runner, dynamic=False, mode=mode)
+        # The default mode, on CUDA too: "reduce-overhead" (CUDA graphs) fails there, because the
+        # eager attention between compiled pieces makes each layer replay the same graph while
+        # the previous layer's outputs are still needed for backward ("accessing tensor output of
+        # CUDAGraphs that has been overwritten by a subsequent run", H200, torch 2.11).
+        compiled = torch.compile(step.runner, dynamic=False)
     except Exception as error:  # the platform cannot compile at all
         raise RuntimeError(
             f"--compile: torch.compile is not available here ({error}); run without --compile"

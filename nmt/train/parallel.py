@@ -28,14 +28,15 @@ class Session:
 
 
 @contextlib.contextmanager
-def session(device: str) -> Iterator[Session]:
-    """Pick this rank's device, join torchrun's process group (``dist.backend_for`` that device;
-    nothing for one process), and leave the group at the end whatever happens."""
+def session(device: str, backend_choice: str = "auto") -> Iterator[Session]:
+    """Pick this rank's device, join torchrun's process group (``dist.backend_for`` that device and
+    ``--distributed-backend``; nothing for one process), and leave the group at the end whatever
+    happens."""
     env = dist.env_from_environ()
     resolved = resolve_device(
         device, local_rank=env.local_rank
     )  # before the group: NCCL binds to it
-    dist.init_distributed(resolved.type)
+    dist.init_distributed(resolved.type, backend_choice=backend_choice)
     try:
         yield Session(env.rank, env.world_size, resolved)
     finally:

@@ -143,9 +143,7 @@ class Trainer:
                 self.resume()
                 if self.cfg.run.compile:
                     assert self.plan.static is not None
-                    self.compiled = compile_for_shapes(
-                        self.step, self.plan.static, world_size=self.session.world_size
-                    )
+                    self.compiled = compile_for_shapes(self.step, self.plan.static)
                 reason = self.stopping.before_start(epoch=self.plan.epoch)
                 for update in [] if reason else self.updates():
                     self.metrics.count(self.step(update))

@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 
 from nmt.data.shapes import packed_token_buckets, padded_shapes
-from nmt.train.compile import compile_mode
 
 from .test_trainer import make_trainer
 
@@ -22,12 +21,6 @@ def test_packed_buckets_cover_the_budget_in_at_most_16_steps():
         8 * i for i in range(1, 14)
     ]  # 104 >= 100
     assert packed_token_buckets(max_tokens=5, length_multiple=1) == [1, 2, 3, 4, 5]
-
-
-def test_compile_mode():
-    assert compile_mode(device_type="cuda", world_size=1) == "reduce-overhead"
-    assert compile_mode(device_type="cuda", world_size=8) == "default"
-    assert compile_mode(device_type="cpu", world_size=1) == "default"
 
 
 @pytest.mark.slow

@@ -120,3 +120,34 @@ def test_fp16_overflow_skips_are_counted_but_are_no_divergence(tiny_data, tmp_pa
     assert reading.loss_scale < 3e38  # lowered for the next update
     for name, p in trainer.model.named_parameters():
         assert torch.equal(p, before[name]), name
+
+
+def test_distributed_backend_choices():
+    """NCCL for GPU tensors unless --distributed-backend gloo (ranks sharing one GPU, which NCCL
+    refuses); NCCL asked for on the CPU is the option's error, not a hang at the first collective."""
+    from nmt import dist
+
+    assert dist.backend_for("cuda") == dist.backend_for("cuda", "nccl") == "cpu:gloo,cuda:nccl"
+    assert dist.backend_for("cuda", "gloo") == "gloo"
+    assert dist.backend_for("cpu") == dist.backend_for("cpu", "gloo") == "gloo"
+    with pytest.raises(ValueError, match="--distributed-backend nccl: needs CUDA"):
+        dist.backend_for("cpu", "nccl")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "cuda:x"], "--device: must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
+        (["--device", "gpu"], "--device: must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        (
+            ["--cpu", "--distributed-backend", "nccl"],
+            "--distributed-backend: nccl needs CUDA devices, but --device is cpu",
+        ),
+    ],
+)
+def test_device_options_are_checked_in_one_line(tiny_data, tmp_path, args, message):
+    result = run_subprocess(
+        [tiny_data, *train_command(tiny_data, tmp_path / "ck", "--max-update", "1", *args)]
+    )
+    assert result.returncode != 0
+    assert message in result.stderr.strip().splitlines()[-1]
