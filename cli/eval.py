@@ -146,14 +146,6 @@ def _split_name(io: EvalIOConfig, manifest: Manifest) -> str:
     return manifest.direction_split(io.split, pair)
 
 
-def _with_prefix(sources: list[np.ndarray], direction: Direction) -> list[np.ndarray]:
-    """Binarized sources with a multilingual direction's source tag in front."""
-    if not direction.source_prefix:
-        return sources
-    prefix = np.array(direction.source_prefix, dtype=np.int64)
-    return [np.concatenate([prefix, source]) for source in sources]
-
-
 def _open_job(
     io: EvalIOConfig, cfg: EvalConfig, translator: Translator, direction: Direction
 ) -> Job:
@@ -170,7 +162,7 @@ def _open_job(
             reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
         )
         return Job(
-            iter([Chunk(0, _with_prefix(split.sources, direction))]),
+            iter([Chunk(0, direction.prefixed(split.sources))]),
             references,
             reference_path,
             name,
@@ -486,7 +478,7 @@ def _every_direction(io: EvalIOConfig, translator: Translator) -> int:
         references = read_references(
             split.reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
         )
-        sources = _with_prefix(split.sources, direction)
+        sources = direction.prefixed(split.sources)
         found = translator.generate(
             sources, progress=True, first_tokens=translator.first_tokens(direction, len(sources))
         )

@@ -9,7 +9,6 @@ import os
 import sys
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from nmt.config import (
@@ -167,10 +166,7 @@ def make_bleu_validator(
         scores = {}
         for pair, (split_data, references) in sets.items():
             direction = translator.direction(*pair.split("-")) if pair else translator.direction()
-            sources = [
-                np.concatenate([np.array(direction.source_prefix, dtype=np.int64), source])
-                for source in split_data.sources
-            ]
+            sources = direction.prefixed(split_data.sources)
             found = translator.generate(
                 sources, first_tokens=translator.first_tokens(direction, len(sources))
             )

@@ -160,9 +160,8 @@ def translate_chunk(
     the synthetic source's (EOS and tag included), or -1 (empty translation) / -2 (ratio filter).
     ``direction``: a multilingual model's tags, around the text (the ratio filter measures the text)."""
     seed = chunk_seed(cfg.seed, index)
-    prefix = np.asarray(direction.source_prefix, dtype=np.int64)
     hypotheses = translator.generate(
-        [np.concatenate([prefix, source]) for source in sources] if len(prefix) else sources,
+        direction.prefixed(sources),
         seed=seed,
         first_tokens=translator.first_tokens(direction, len(sources)),
     )

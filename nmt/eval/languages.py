@@ -7,8 +7,11 @@ direction and this module turns it into the tag, on the source or as the forced 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from nmt.data.spm import language_tag
 
@@ -126,6 +129,14 @@ class Direction:
 
     source_prefix: tuple[int, ...] = ()
     first_token: int | None = None
+
+    def prefixed(self, sources: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+        """Binarized sources (EOS included) with this direction's source tag in front (``sources``
+        itself when there is none: a dataset's lazy view stays lazy)."""
+        if not self.source_prefix:
+            return sources
+        prefix = np.asarray(self.source_prefix, dtype=np.int64)
+        return [np.concatenate([prefix, source]) for source in sources]
 
 
 BILINGUAL = Direction()

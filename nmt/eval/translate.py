@@ -305,10 +305,11 @@ class Translator:
     def encode(self, lines: Sequence[str], *, direction: Direction = BILINGUAL) -> list[np.ndarray]:
         """Source token ids of raw lines, EOS included, as ``generate`` takes them; a multilingual
         direction's source tag first. Text never encodes to a tag (they are control symbols)."""
-        prefix = list(direction.source_prefix)
-        return [
-            np.array(prefix + ids + [EOS_ID], dtype=np.int64) for ids in self.src_spm.encode(lines)
-        ]
+        return list(
+            direction.prefixed(
+                [np.array(ids + [EOS_ID], dtype=np.int64) for ids in self.src_spm.encode(lines)]
+            )
+        )
 
     @staticmethod
     def first_tokens(direction: Direction, count: int) -> list[int] | None:
