@@ -121,7 +121,8 @@ def add_config_arguments(
         kind, _ = _unwrap_optional(hints[f.name])
         origin, args = typing.get_origin(kind), typing.get_args(kind)
         option = option_name(f.name)
-        kwargs: dict[str, Any] = {"help": meta.get("help") or None}
+        # Config help is plain prose; argparse reads "%" in help as a format directive.
+        kwargs: dict[str, Any] = {"help": (meta.get("help") or "").replace("%", "%%") or None}
         if kind is not bool:
             kwargs["metavar"] = meta.get("metavar") or f.name.upper()
         if kind is bool:

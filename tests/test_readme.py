@@ -8,7 +8,8 @@ TORCHRUN_FLAGS = {"--nproc_per_node", "--max-restarts", "--rdzv-backend", "--rdz
 RUFF_FLAGS = {"--check"}
 
 
-def parser_options():
+def command_parsers():
+    """Each console script's parser, by command name."""
     from nmt_cli.eval import build_parser as eval_parser
     from nmt_cli.export import build_parser as export_parser
     from nmt_cli.filter import build_parser as filter_parser
@@ -18,20 +19,35 @@ def parser_options():
     from nmt_cli.serve import build_parser as serve_parser
     from nmt_cli.train import build_parser as train_parser
 
+    return {
+        "nmt-preprocess": preprocess_parser(),
+        "nmt-train": train_parser(),
+        "nmt-eval": eval_parser(),
+        "nmt-plot": plot_parser(),
+        "nmt-export": export_parser(),
+        "nmt-import": import_parser(),
+        "nmt-serve": serve_parser(),
+        "nmt-filter": filter_parser(),
+    }
+
+
+def parser_options():
     options = set()
-    for parser in (
-        preprocess_parser(),
-        train_parser(),
-        eval_parser(),
-        plot_parser(),
-        export_parser(),
-        import_parser(),
-        serve_parser(),
-        filter_parser(),
-    ):
+    for parser in command_parsers().values():
         for action in parser._actions:
             options.update(action.option_strings)
     return options
+
+
+def test_every_command_formats_its_help() -> None:
+    """--help once crashed in nmt-eval: a help text's "%" read as a format directive by argparse."""
+    parsers = command_parsers()
+    scripts = re.findall(r'^(nmt-[\w-]+) = "nmt_cli\.', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert set(parsers) == set(scripts)
+    for command, parser in parsers.items():
+        text = parser.format_help()
+        assert "--help" in text, command
+    assert "% of outputs" in command_parsers()["nmt-eval"].format_help()
 
 
 def recipe_options():
