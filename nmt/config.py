@@ -420,6 +420,19 @@ class ModelConfig:
                 "needs --encoder-embed-dim == --decoder-embed-dim",
             )
 
+    def shape(self) -> str:
+        """Layers and widths in words, for logs: an --arch name alone hides overridden dimensions."""
+        width = {
+            side: f"{getattr(self, f'{side}_embed_dim')} (FFN {getattr(self, f'{side}_ffn_embed_dim')})"
+            for side in ("encoder", "decoder")
+        }
+        if width["encoder"] == width["decoder"]:
+            return f"{self.encoder_layers}+{self.decoder_layers} layers x {width['encoder']}"
+        return (
+            f"encoder {self.encoder_layers} layers x {width['encoder']}, "
+            f"decoder {self.decoder_layers} layers x {width['decoder']}"
+        )
+
 
 def _sides(**values: Any) -> dict[str, Any]:
     """Same value for encoder and decoder: ``layers=6`` -> encoder_layers=6, decoder_layers=6."""

@@ -119,7 +119,7 @@ class Trainer:
             )
         if self.metrics.enabled:
             logger.info(
-                "rank %d/%d on %s | %d training pairs in %s | model %s: %.2fM parameters | attention backend %s",
+                "rank %d/%d on %s | %d training pairs in %s | model %s, %s: %.2fM parameters | attention backend %s",
                 self.session.rank,
                 self.session.world_size,
                 device,
@@ -131,6 +131,7 @@ class Trainer:
                 if len(self.plan.corpora) > 1
                 else ",".join(cfg.data.train_subsets),
                 cfg.run.arch,
+                self.model_cfg.shape(),
                 sum(p.numel() for p in self.model.parameters()) / 1e6,
                 self.model.backend(device),
             )

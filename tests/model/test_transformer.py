@@ -425,3 +425,12 @@ def test_cpu_dropout_rate_scale_gradient_and_seeding():
     torch.manual_seed(7)
     assert torch.equal(dropout(x, 0.3, True), y)  # the global seed decides the mask
     assert dropout(x, 0.3, False) is x and dropout(x, 0.0, True) is x
+
+
+def test_shape_names_overridden_dimensions() -> None:
+    """The training log names the arch; its shape shows what --*-embed-dim overrides changed."""
+    assert model_config("transformer_tiny").shape() == "3+3 layers x 128 (FFN 512)"
+    wider = model_config(
+        "transformer_tiny", encoder_embed_dim=192, decoder_embed_dim=192, decoder_ffn_embed_dim=768
+    )
+    assert wider.shape() == ("encoder 3 layers x 192 (FFN 512), decoder 3 layers x 192 (FFN 768)")
