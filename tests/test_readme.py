@@ -44,10 +44,9 @@ def test_every_command_formats_its_help() -> None:
     parsers = command_parsers()
     scripts = re.findall(r'^(nmt-[\w-]+) = "nmt_cli\.', (ROOT / "pyproject.toml").read_text(), re.M)
     assert set(parsers) == set(scripts)
-    for command, parser in parsers.items():
-        text = parser.format_help()
-        assert "--help" in text, command
-    assert "% of outputs" in command_parsers()["nmt-eval"].format_help()
+    helps = {command: parser.format_help() for command, parser in parsers.items()}
+    assert all("--help" in text for text in helps.values())
+    assert "% of outputs" in helps["nmt-eval"]
 
 
 def recipe_options():

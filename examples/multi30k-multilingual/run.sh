@@ -19,7 +19,7 @@
 set -euo pipefail
 
 usage() { sed -n '7p' "$0" | sed 's/^#  *//' >&2; exit 2; }
-minutes=30 out=runs/multi30k-multilingual lang_tok=encoder beam=5 average_last= bilingual=1 multi_flags=unset
+minutes=30 out=runs/multi30k-multilingual lang_tok=encoder beam=5 average_last= bilingual=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes="${2:?--minutes needs a value}"; shift 2 ;;
@@ -39,7 +39,7 @@ if [ -z "$average_last" ]; then
     average_last=1
     if python3 -c "import sys; sys.exit(not $minutes >= 20)"; then average_last=5; fi
 fi
-if [ "$multi_flags" = unset ]; then
+if [ -z "${multi_flags+given}" ]; then
     multi_flags=
     # At 60 minutes the bilingual default's 128 dimensions, shared by four languages, lost 4 of 6
     # directions to the bilingual models; 192 dimensions, with the warm-up stretched 4x so that each
@@ -50,6 +50,7 @@ if [ "$multi_flags" = unset ]; then
         multi_flags+=" --decoder-ffn-embed-dim 768 --warmup-updates 1200"
     fi
 fi
+read -ra multi_args <<< "$multi_flags"  # split on spaces, no glob expansion
 weights=(--path "$out/multi/ckpt/checkpoint_last.pt")
 [ "$average_last" -gt 1 ] && weights=(--path "$out/multi/ckpt" --average-last "$average_last")
 hours() { python3 -c "print($1 / 60)"; }
@@ -63,7 +64,7 @@ fi
 nmt-train "$out/multi/data" --save-dir "$out/multi/ckpt" --stop-time-hours "$(hours "$minutes")" \
     --lang-tok "$lang_tok" --sampling-temperature 5 --no-epoch-checkpoints \
     --save-interval-updates 50 --keep-interval-updates 10 \
-    --log-file "$out/multi/train.log" $multi_flags "$@"
+    --log-file "$out/multi/train.log" ${multi_args[@]+"${multi_args[@]}"} "$@"
 
 # --- six bilingual models, N/6 minutes each (the same defaults and flags)
 for pair in "${pairs[@]}"; do

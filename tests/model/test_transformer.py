@@ -433,4 +433,4 @@ def test_shape_names_overridden_dimensions() -> None:
     wider = model_config(
         "transformer_tiny", encoder_embed_dim=192, decoder_embed_dim=192, decoder_ffn_embed_dim=768
     )
-    assert wider.shape() == ("encoder 3 layers x 192 (FFN 512), decoder 3 layers x 192 (FFN 768)")
+    assert wider.shape() == "encoder 3 layers x 192 (FFN 512), decoder 3 layers x 192 (FFN 768)"
