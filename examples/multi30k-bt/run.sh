@@ -2,7 +2,7 @@
 # Back-translation on Multi30k en->de: a de->en model back-translates in-domain German captions
 # (data/multi30k-captions), then en->de trains on real + synthetic pairs; test_2016_flickr scored.
 #
-#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--filter F] [--ct2] [--average-last K]
+#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--filter F] [--ct2] [--average-last K] [-- NMT_TRAIN_FLAGS]
 #
 # --minutes N: the training budget of the en->de models (the baseline, the final model).
 # --reverse-minutes M: the de->en model's budget (default N).
@@ -20,6 +20,8 @@
 # --real-weight W: the real corpus's share of the blend (default 0.5: 1:1 real:synthetic).
 # --filter F: keep the best fraction F of the synthetic pairs by dual conditional cross-entropy
 #   (nmt-filter, the baseline as forward model: implies --baseline).
+# Flags after -- go to nmt-train for both en->de models (the baseline and the final model, so the
+#   comparison stays equal), not to the de->en model; e.g. -- --encoder-embed-dim 192 ...
 # The model the script scored last is left at DIR/model.pt; every score in DIR/scores.tsv. Steps
 # whose output exists are skipped, so variants run one after another reuse the de->en model, the
 # back-translation and the baseline. Run from the repository root inside the virtual environment.
@@ -43,6 +45,7 @@ while [ $# -gt 0 ]; do
         --real-weight) real_weight="${2:?--real-weight needs a value}"; shift 2 ;;
         --filter) filter="${2:?--filter needs a value}"; baseline=1; shift 2 ;;
         -h|--help) usage ;;
+        --) shift; break ;;
         *) echo "examples/multi30k-bt/run.sh: unknown option $1" >&2; usage ;;
     esac
 done
@@ -151,7 +154,7 @@ fi
 train_baseline() {
     if [ ! -f "$out/baseline.done" ]; then
         log "training the baseline en->de (real pairs) for $minutes min"
-        train "$minutes" "$out/data" "$out/baseline"
+        train "$minutes" "$out/data" "$out/baseline" "$@"
         touch "$out/baseline.done"
     fi
 }
@@ -159,7 +162,7 @@ train_baseline() {
 synthetic="$out/$name"
 final="$name-w$real_weight"
 if [ -n "$filter" ]; then
-    train_baseline
+    train_baseline "$@"
     synthetic="$out/$name-f$filter"
     final="$name-f$filter-w$real_weight"
     if [ ! -f "$synthetic/manifest.json" ]; then
@@ -175,20 +178,20 @@ train_final() {
         local blend
         blend="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
         train "$minutes" "$out/data" "$out/$final" --train-subsets "train,$synthetic/train" \
-            --subset-weights "$blend"
+            --subset-weights "$blend" "$@"
         touch "$out/$final.done"
     fi
 }
 if [ "$side_by_side" = 1 ]; then
-    OMP_NUM_THREADS=1 train_baseline &
+    OMP_NUM_THREADS=1 train_baseline "$@" &
     baseline_job=$!
-    OMP_NUM_THREADS=1 train_final
+    OMP_NUM_THREADS=1 train_final "$@"
     wait "$baseline_job"
 elif [ "$baseline" = 1 ]; then
-    train_baseline
-    train_final
+    train_baseline "$@"
+    train_final "$@"
 else
-    train_final
+    train_final "$@"
 fi
 if [ "$baseline" = 1 ] && ! grep -q "^baseline	" "$out/scores.tsv" 2>/dev/null; then
     score baseline
