@@ -62,6 +62,16 @@ fi
 reverse_minutes=${reverse_minutes:-$minutes}
 hours() { python3 -c "print($1 / 60)"; }
 mkdir -p "$out"
+# The en->de models are skipped when they exist, so a variant with other nmt-train flags would
+# silently score the old ones: the flags are recorded on first use and must match after.
+model_flags=
+[ $# -gt 0 ] && model_flags="$(printf '%q ' "$@")" && model_flags="${model_flags% }"
+if [ -f "$out/en-de.flags" ] && [ "$(cat "$out/en-de.flags")" != "$model_flags" ]; then
+    recorded="$(cat "$out/en-de.flags")"
+    echo "examples/multi30k-bt/run.sh: the en->de models in $out were trained with" \
+        "[${recorded:-no flags}] after --, not [${model_flags:-no flags}]: use another --out" >&2
+    exit 2
+fi
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
 train() {  # MINUTES DATA SAVE_DIR [flags]: nmt-train's defaults (the Multi30k recipe)
@@ -154,6 +164,7 @@ fi
 train_baseline() {
     if [ ! -f "$out/baseline.done" ]; then
         log "training the baseline en->de (real pairs) for $minutes min"
+        echo "$model_flags" > "$out/en-de.flags"
         train "$minutes" "$out/data" "$out/baseline" "$@"
         touch "$out/baseline.done"
     fi
@@ -177,6 +188,7 @@ train_final() {
         log "training en->de on real + $synthetic for $minutes min"
         local blend
         blend="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
+        echo "$model_flags" > "$out/en-de.flags"
         train "$minutes" "$out/data" "$out/$final" --train-subsets "train,$synthetic/train" \
             --subset-weights "$blend" "$@"
         touch "$out/$final.done"

@@ -1,0 +1,70 @@
+"""The recipes' option handling, run with stub nmt-* commands that record their arguments."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BT_RECIPE = ROOT / "examples" / "multi30k-bt" / "run.sh"
+
+
+def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
+    """nmt-train records its arguments; nmt-eval fails, ending the recipe before scoring."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nmt-train").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/train-calls\n')
+    (bin_dir / "nmt-eval").write_text("#!/bin/sh\nexit 1\n")
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+    return bin_dir
+
+
+def _bt_out_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    """An output directory whose datasets, reverse model and back-translation exist (skipped)."""
+    out = tmp_path / "out"
+    for dataset in ("data", "data-de-en", "mono-1", "bt-sample-tagged-c1"):
+        (out / dataset).mkdir(parents=True)
+        (out / dataset / "manifest.json").write_text("{}")
+    (out / "de-en").mkdir()
+    (out / "de-en" / "checkpoint_last.pt").write_text("")
+    (out / "de-en.done").write_text("")
+    return out
+
+
+def _run_bt_recipe(tmp_path: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    path = [
+        str(_stub_commands(tmp_path)),
+        str(pathlib.Path(sys.executable).parent),
+        os.environ["PATH"],
+    ]
+    env = {**os.environ, "PATH": os.pathsep.join(path)}
+    command = ["bash", str(BT_RECIPE), "--minutes", "1", "--out", str(tmp_path / "out"), *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_bt_recipe_passes_flags_after_dashes_to_both_en_de_models(tmp_path):
+    _bt_out_dir(tmp_path)
+    _run_bt_recipe(tmp_path, "--baseline", "--", "--encoder-embed-dim", "192", "--lr", "*")
+    calls = (tmp_path / "train-calls").read_text().splitlines()
+    assert len(calls) == 2, calls  # the baseline, then the final model; de->en exists
+    assert "/baseline " in calls[0] and "--train-subsets" in calls[1]
+    for call in calls:
+        assert call.endswith("--encoder-embed-dim 192 --lr *"), call
+
+
+def test_bt_recipe_refuses_models_trained_with_other_flags(tmp_path):
+    _bt_out_dir(tmp_path)
+    _run_bt_recipe(tmp_path, "--baseline", "--", "--encoder-embed-dim", "192")
+    calls_before = (tmp_path / "train-calls").read_text()
+
+    for other in (["--", "--encoder-embed-dim", "256"], []):
+        result = _run_bt_recipe(tmp_path, "--baseline", *other)
+        assert result.returncode == 2
+        wanted = " ".join(other[1:]) or "no flags"
+        assert f"trained with [--encoder-embed-dim 192] after --, not [{wanted}]" in result.stderr
+        assert str(tmp_path / "out") in result.stderr
+    assert (tmp_path / "train-calls").read_text() == calls_before  # nothing trained again
+
+    again = _run_bt_recipe(tmp_path, "--baseline", "--", "--encoder-embed-dim", "192")
+    assert again.returncode != 2 and "use another --out" not in again.stderr
