@@ -68,3 +68,14 @@ def test_bt_recipe_refuses_models_trained_with_other_flags(tmp_path):
 
     again = _run_bt_recipe(tmp_path, "--baseline", "--", "--encoder-embed-dim", "192")
     assert again.returncode != 2 and "use another --out" not in again.stderr
+
+
+def test_bt_recipe_refuses_flags_over_models_trained_before_the_record(tmp_path):
+    out = _bt_out_dir(tmp_path)
+    (out / "baseline.done").write_text("")  # trained when -- was not an option: no flags
+
+    result = _run_bt_recipe(tmp_path, "--baseline", "--", "--dropout", "0.3")
+
+    assert result.returncode == 2
+    assert "trained with [no flags] after --, not [--dropout 0.3]" in result.stderr
+    assert not (tmp_path / "train-calls").exists()
