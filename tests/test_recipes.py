@@ -10,10 +10,20 @@ BT_RECIPE = ROOT / "examples" / "multi30k-bt" / "run.sh"
 
 
 def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
-    """nmt-train records its arguments; nmt-eval fails, ending the recipe before scoring."""
+    """nmt-train records its arguments and leaves a checkpoint in --save-dir (it refuses
+    --bad-flag, as nmt-train refuses an unknown option); nmt-eval fails, ending the recipe before
+    scoring."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "nmt-train").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/train-calls\n')
+    (bin_dir / "nmt-train").write_text(
+        f'#!/bin/sh\necho "$@" >> {tmp_path}/train-calls\n'
+        'case " $* " in *" --bad-flag "*) exit 2 ;; esac\n'
+        "while [ $# -gt 0 ]; do\n"
+        '    [ "$1" = --save-dir ] && mkdir -p "$2" && touch "$2/checkpoint_last.pt"\n'
+        "    shift\n"
+        "done\n"
+        "exit 0\n"
+    )
     (bin_dir / "nmt-eval").write_text("#!/bin/sh\nexit 1\n")
     for script in bin_dir.iterdir():
         script.chmod(0o755)
@@ -72,10 +82,25 @@ def test_bt_recipe_refuses_models_trained_with_other_flags(tmp_path):
 
 def test_bt_recipe_refuses_flags_over_models_trained_before_the_record(tmp_path):
     out = _bt_out_dir(tmp_path)
-    (out / "baseline.done").write_text("")  # trained when -- was not an option: no flags
+    (out / "baseline").mkdir()  # trained when -- was not an option: no flags
+    (out / "baseline" / "checkpoint_last.pt").write_text("")
 
     result = _run_bt_recipe(tmp_path, "--baseline", "--", "--dropout", "0.3")
 
     assert result.returncode == 2
     assert "trained with [no flags] after --, not [--dropout 0.3]" in result.stderr
     assert not (tmp_path / "train-calls").exists()
+
+
+def test_bt_recipe_lets_flags_change_after_nmt_train_refused_them(tmp_path):
+    _bt_out_dir(tmp_path)
+    refused = _run_bt_recipe(tmp_path, "--baseline", "--", "--bad-flag")
+    assert refused.returncode == 2 and "use another --out" not in refused.stderr
+
+    _run_bt_recipe(tmp_path, "--baseline", "--", "--encoder-embed-dim", "192")
+
+    calls = (tmp_path / "train-calls").read_text().splitlines()
+    assert len(calls) == 3, calls  # the refused baseline, then the baseline and the final model
+    assert calls[1].endswith("--encoder-embed-dim 192") and calls[2].endswith(
+        "--encoder-embed-dim 192"
+    )

@@ -63,14 +63,15 @@ reverse_minutes=${reverse_minutes:-$minutes}
 hours() { python3 -c "print($1 / 60)"; }
 mkdir -p "$out"
 # The en->de models are skipped when they exist, so a variant with other nmt-train flags would
-# silently score the old ones: the flags are recorded on first use and must match after. Models
-# trained before the record existed had no flags (-- was not an option then).
+# silently score the old ones: the flags are recorded when training starts and must match while
+# any en->de checkpoint exists (a run nmt-train refused, e.g. for a mistyped flag, binds nothing).
+# Models trained before the record existed had no flags (-- was not an option then).
 model_flags= recorded=
 [ $# -gt 0 ] && model_flags="$(printf '%q ' "$@")" && model_flags="${model_flags% }"
 [ -f "$out/en-de.flags" ] && recorded="$(cat "$out/en-de.flags")"
 trained=0
-for record in "$out/en-de.flags" "$out/baseline.done" "$out"/bt-*-w*.done; do
-    if [ -e "$record" ]; then trained=1; fi
+for checkpoint in "$out/baseline/checkpoint_last.pt" "$out"/bt-*-w*/checkpoint_last.pt; do
+    if [ -e "$checkpoint" ]; then trained=1; fi
 done
 if [ "$trained" = 1 ] && [ "$recorded" != "$model_flags" ]; then
     echo "examples/multi30k-bt/run.sh: the en->de models in $out were trained with" \
