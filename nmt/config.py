@@ -692,7 +692,11 @@ class OptimConfig:
     weight_decay: float = opt(0.0, "decoupled weight decay (AdamW), as fairseq's --weight-decay")
     clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     label_smoothing: float = opt(0.1)
-    lr_scheduler: str = opt("inverse_sqrt", choices=("inverse_sqrt", "fixed", "cosine"))
+    lr_scheduler: str = opt(
+        "inverse_sqrt",
+        "cosine: down to --min-lr at --max-update or --stop-time-hours, whichever comes first",
+        choices=("inverse_sqrt", "fixed", "cosine"),
+    )
     warmup_updates: int = opt(
         300, "linear warm-up from --warmup-init-lr to --lr over this many updates"
     )
@@ -924,9 +928,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(
-            self.optim.lr_scheduler != "cosine" or self.run.max_update > 0,
+            self.optim.lr_scheduler != "cosine"
+            or self.run.max_update > 0
+            or self.run.stop_time_hours > 0,
             "lr_scheduler",
-            "cosine needs --max-update",
+            "cosine needs --max-update or --stop-time-hours (the limit it decays over)",
         )
 
 

@@ -39,15 +39,51 @@ def fixed_factor(step: int, *, warmup_updates: int, warmup_init_ratio: float) ->
 
 
 def cosine_factor(
-    step: int, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float
+    step: int,
+    *,
+    warmup_updates: int,
+    warmup_init_ratio: float,
+    max_update: int,
+    min_ratio: float,
+    time_progress: float = 0.0,
 ) -> float:
+    """Warm-up, then half a cosine down to ``min_ratio`` over the run's progress: the larger of
+    the share of ``max_update`` done (0: no update limit) and ``time_progress``, the share of the
+    time budget spent, so the learning rate reaches its floor at whichever limit stops the run."""
     warming = warmup_factor(
         step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
     )
     if warming is not None:
         return warming
-    progress = min(1.0, (step - warmup_updates) / max(1, max_update - warmup_updates))
+    by_updates = (
+        (step - warmup_updates) / max(1, max_update - warmup_updates) if max_update else 0.0
+    )
+    progress = min(1.0, max(by_updates, time_progress))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class CosineSchedule:
+    """``cosine_factor`` as a callable object, so that LambdaLR saves its attributes with the
+    scheduler's state: ``time_progress`` (set by ``VariableBatchSizeLR.follow_time``) resumes."""
+
+    def __init__(
+        self, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float
+    ) -> None:
+        self.warmup_updates = warmup_updates
+        self.warmup_init_ratio = warmup_init_ratio
+        self.max_update = max_update
+        self.min_ratio = min_ratio
+        self.time_progress = 0.0
+
+    def __call__(self, step: int) -> float:
+        return cosine_factor(
+            step,
+            warmup_updates=self.warmup_updates,
+            warmup_init_ratio=self.warmup_init_ratio,
+            max_update=self.max_update,
+            min_ratio=self.min_ratio,
+            time_progress=self.time_progress,
+        )
 
 
 def schedule_factor(
@@ -70,8 +106,7 @@ def schedule_factor(
             step, warmup_updates=warmup_updates, warmup_init_ratio=warmup_init_ratio
         )
     if name == "cosine":
-        return lambda step: cosine_factor(
-            step,
+        return CosineSchedule(
             warmup_updates=warmup_updates,
             warmup_init_ratio=warmup_init_ratio,
             max_update=max_update,
@@ -131,6 +166,13 @@ class VariableBatchSizeLR:
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base_lr * self.last_scale
         return self.get_last_lr()
+
+    def follow_time(self, progress: float) -> None:
+        """Give a time-driven schedule (cosine under --stop-time-hours) the share of the time
+        budget spent; the next ``step`` uses it. Every rank must pass the same value."""
+        for schedule in self.base.lr_lambdas:
+            if isinstance(schedule, CosineSchedule):
+                schedule.time_progress = progress
 
     def get_last_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]

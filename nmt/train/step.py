@@ -57,6 +57,7 @@ class Reading:
     longest_nonfinite_run: int  # updates in a row with a non-finite gradient (fp16 overflows aside)
     loss_scale: float  # fp16's; 1.0 otherwise
     flags: list[bool]  # the host flags given to ``read``, true when any rank set them
+    numbers: list[float]  # the host numbers given to ``read``, summed over the ranks
 
 
 class RunningSums:
@@ -84,22 +85,26 @@ class RunningSums:
             torch.maximum(longest, run, out=longest)
 
     def read(
-        self, *, flags: Sequence[bool] = (), loss_scale: torch.Tensor | float = 1.0
+        self,
+        *,
+        flags: Sequence[bool] = (),
+        numbers: Sequence[float] = (),
+        loss_scale: torch.Tensor | float = 1.0,
     ) -> Reading:
-        """All-reduce the window's losses with ``flags`` (one collective on the device), copy
-        everything to the host once, and start the next window."""
+        """All-reduce the window's losses with ``flags`` and ``numbers`` (summed over ranks; one
+        collective on the device), copy everything to the host once, and start the next window."""
         reduced = torch.cat(
             [
                 self.losses,
-                torch.tensor([float(f) for f in flags], dtype=torch.float64).to(self.device),
+                torch.tensor([*map(float, flags), *numbers], dtype=torch.float64).to(self.device),
             ]
         )
         dist.all_reduce_sum(reduced)
         scale = torch.as_tensor(loss_scale, dtype=torch.float64).to(self.device).reshape(1)
         values = torch.cat([reduced, self.counters, self.grad_norm.reshape(1), scale]).tolist()
-        num_flags = len(flags)
         loss, nll = values[:2]
-        skipped, _, longest = values[2 + num_flags : 5 + num_flags]
+        host = 2 + len(flags) + len(numbers)
+        skipped, _, longest = values[host : host + 3]
         self.losses.zero_()
         self.counters[2] = self.counters[
             1
@@ -107,11 +112,12 @@ class RunningSums:
         return Reading(
             loss=loss,
             nll=nll,
-            grad_norm=values[5 + num_flags],
+            grad_norm=values[host + 3],
             skipped_updates=int(skipped),
             longest_nonfinite_run=int(longest),
-            loss_scale=values[6 + num_flags],
-            flags=[value > 0 for value in values[2 : 2 + num_flags]],
+            loss_scale=values[host + 4],
+            flags=[value > 0 for value in values[2 : 2 + len(flags)]],
+            numbers=values[2 + len(flags) : host],
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -292,13 +298,15 @@ class UpdateStep:
             return torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)
         return torch.nn.utils.get_total_norm([p.grad for p in params])
 
-    def read(self, *, flags: Sequence[bool] = ()) -> Reading:
+    def read(self, *, flags: Sequence[bool] = (), numbers: Sequence[float] = ()) -> Reading:
         """The window's sums and the run's counters (see ``RunningSums.read``); RuntimeError once
         --max-consecutive-nonfinite updates in a row had a non-finite gradient."""
         # The scale as the scaler's own tensor (get_scale() would read the device).
         scale = self.scaler._get_scale_async() if self.scaler.is_enabled() else None
         reading = self.sums.read(
-            flags=flags, loss_scale=self.scaler.get_scale() if scale is None else scale
+            flags=flags,
+            numbers=numbers,
+            loss_scale=self.scaler.get_scale() if scale is None else scale,
         )
         limit = self.cfg.max_consecutive_nonfinite
         if reading.longest_nonfinite_run >= limit:

@@ -81,6 +81,15 @@ class Stopping:
         limit = self.cfg.stop_time_hours * 3600
         return [stop_signal.requested, limit > 0 and self.elapsed_seconds() > limit]
 
+    def time_share(self, *, is_main: bool) -> list[float]:
+        """The share of --stop-time-hours spent, for ``read`` to sum over the ranks: the main
+        rank's clock alone (the others give 0), so every rank reads the same value bit for bit and
+        a schedule driven by it sets the same learning rate everywhere. Empty without the limit."""
+        limit = self.cfg.stop_time_hours * 3600
+        if limit <= 0:
+            return []
+        return [self.elapsed_seconds() / limit if is_main else 0.0]
+
     def agreed(self, flags: list[bool]) -> str | None:
         """The stop reason from ``flags`` as any rank set them."""
         if flags[0]:

@@ -154,7 +154,12 @@ class Trainer:
                         self.plan.end_epoch()
                     reason = self.stopping.after_update(at)
                     if self.metrics.due(at):
-                        reading = self.step.read(flags=self.stopping.flags(stop_signal))
+                        reading = self.step.read(
+                            flags=self.stopping.flags(stop_signal),
+                            numbers=self.stopping.time_share(is_main=self.session.is_main),
+                        )
+                        if reading.numbers:
+                            self.step.scheduler.follow_time(reading.numbers[0])
                         self.metrics.log_reading(
                             reading, at=at, lr=self.step.scheduler.get_last_lr()[0]
                         )

@@ -151,3 +151,24 @@ def test_device_options_are_checked_in_one_line(tiny_data, tmp_path, args, messa
     )
     assert result.returncode != 0
     assert message in result.stderr.strip().splitlines()[-1]
+
+
+def test_cosine_over_the_time_budget_reaches_its_floor_when_the_time_is_up(tiny_data, tmp_path):
+    budget = ("--lr-scheduler", "cosine", "--stop-time-hours", "0.002", "--max-update", "100000")
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", *budget)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--stop-time-hours 0.002 reached" in result.stderr
+    lrs = [r["lr"] for r in parse_log(result.stdout) if r["update"] > 10]  # after the warm-up
+    assert len(lrs) > 20
+    assert all(later <= earlier for earlier, later in zip(lrs, lrs[1:]))
+    assert lrs[-1] < 0.1 * 0.003 < lrs[0]  # peak --lr 0.003, floor --min-lr 0
+
+
+def test_cosine_without_a_limit_to_decay_over_is_refused(tiny_data, tmp_path):
+    flags = ("--lr-scheduler", "cosine", "--max-epoch", "1")
+    result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", *flags)])
+    assert result.returncode != 0
+    assert (
+        "--lr-scheduler: cosine needs --max-update or --stop-time-hours"
+        in result.stderr.strip().splitlines()[-1]
+    )
