@@ -103,8 +103,8 @@ class RunningSums:
         scale = torch.as_tensor(loss_scale, dtype=torch.float64).to(self.device).reshape(1)
         values = torch.cat([reduced, self.counters, self.grad_norm.reshape(1), scale]).tolist()
         loss, nll = values[:2]
-        host = 2 + len(flags) + len(numbers)
-        skipped, _, longest = values[host : host + 3]
+        own = 2 + len(flags) + len(numbers)  # where this rank's own values start
+        skipped, _, longest = values[own : own + 3]
         self.losses.zero_()
         self.counters[2] = self.counters[
             1
@@ -112,12 +112,12 @@ class RunningSums:
         return Reading(
             loss=loss,
             nll=nll,
-            grad_norm=values[host + 3],
+            grad_norm=values[own + 3],
             skipped_updates=int(skipped),
             longest_nonfinite_run=int(longest),
-            loss_scale=values[host + 4],
+            loss_scale=values[own + 4],
             flags=[value > 0 for value in values[2 : 2 + len(flags)]],
-            numbers=values[2 + len(flags) : host],
+            numbers=values[2 + len(flags) : own],
         )
 
     def state_dict(self) -> dict[str, Any]:
