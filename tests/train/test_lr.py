@@ -13,6 +13,21 @@ def optimizer(lr=1.0):
     return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
 
 
+def scheduler(opt, name, *, lr, scaling="none", reference=0):
+    """``build_scheduler`` without warm-up, update limit or floor."""
+    return build_scheduler(
+        opt,
+        name=name,
+        lr=lr,
+        warmup_updates=0,
+        warmup_init_lr=0.0,
+        max_update=0,
+        min_lr=0.0,
+        scaling=scaling,
+        scaling_reference=reference,
+    )
+
+
 def test_inverse_sqrt_warms_up_linearly_then_decays():
     assert inverse_sqrt_factor(0, warmup_updates=100, warmup_init_ratio=0.0) == 0.0
     assert inverse_sqrt_factor(50, warmup_updates=100, warmup_init_ratio=0.0) == pytest.approx(0.5)
@@ -25,17 +40,7 @@ def test_inverse_sqrt_warms_up_linearly_then_decays():
 )
 def test_scaling_rules(rule, expected):
     opt = optimizer()
-    sched = build_scheduler(
-        opt,
-        name="fixed",
-        lr=1.0,
-        warmup_updates=0,
-        warmup_init_lr=0.0,
-        max_update=0,
-        min_lr=0.0,
-        scaling=rule,
-        scaling_reference=1000,
-    )
+    sched = scheduler(opt, "fixed", lr=1.0, scaling=rule, reference=1000)
     for batch in (500, 1000, 4000, 250):
         lr = sched.step(batch)[0]
         assert lr == pytest.approx(expected(batch / 1000))
@@ -57,32 +62,12 @@ def test_scaling_does_not_distort_a_chainable_base_schedule():
 
 def test_reference_defaults_to_the_first_batch_and_survives_a_state_round_trip():
     opt = optimizer(lr=2.0)
-    sched = build_scheduler(
-        opt,
-        name="fixed",
-        lr=2.0,
-        warmup_updates=0,
-        warmup_init_lr=0.0,
-        max_update=0,
-        min_lr=0.0,
-        scaling="sqrt",
-        scaling_reference=0,
-    )
+    sched = scheduler(opt, "fixed", lr=2.0, scaling="sqrt", reference=0)
     assert sched.step(300)[0] == pytest.approx(2.0)
     assert sched.step(1200)[0] == pytest.approx(4.0)
     state = sched.state_dict()
     opt2 = optimizer(lr=2.0)
-    restored = build_scheduler(
-        opt2,
-        name="fixed",
-        lr=2.0,
-        warmup_updates=0,
-        warmup_init_lr=0.0,
-        max_update=0,
-        min_lr=0.0,
-        scaling="sqrt",
-        scaling_reference=0,
-    )
+    restored = scheduler(opt2, "fixed", lr=2.0, scaling="sqrt", reference=0)
     restored.load_state_dict(state)
     assert opt2.param_groups[0]["lr"] == pytest.approx(4.0)
     assert restored.step(75)[0] == pytest.approx(sched.step(75)[0]) == pytest.approx(1.0)
@@ -118,41 +103,17 @@ def test_cosine_decays_over_the_updates_or_the_time_whichever_is_further():
     assert cosine(35, max_update=110, time_progress=0.5) == pytest.approx(0.55)
 
 
-def cosine_scheduler(opt):
-    return build_scheduler(
-        opt,
-        name="cosine",
-        lr=2.0,
-        warmup_updates=0,
-        warmup_init_lr=0.0,
-        max_update=0,
-        min_lr=0.0,
-        scaling="none",
-        scaling_reference=0,
-    )
-
-
 def test_time_progress_sets_the_next_lr_and_resumes_from_a_weights_only_checkpoint(tmp_path):
     opt = optimizer(lr=2.0)
-    sched = cosine_scheduler(opt)
+    sched = scheduler(opt, "cosine", lr=2.0)
     assert sched.step(100)[0] == pytest.approx(2.0)
     sched.follow_time(0.5)
     assert sched.step(100)[0] == pytest.approx(1.0)
     torch.save(sched.state_dict(), tmp_path / "state.pt")
-    restored = cosine_scheduler(optimizer(lr=2.0))
+    restored = scheduler(optimizer(lr=2.0), "cosine", lr=2.0)
     restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
     assert restored.step(100)[0] == pytest.approx(sched.step(100)[0]) == pytest.approx(1.0)
-    fixed = build_scheduler(
-        optimizer(lr=2.0),
-        name="fixed",
-        lr=2.0,
-        warmup_updates=0,
-        warmup_init_lr=0.0,
-        max_update=0,
-        min_lr=0.0,
-        scaling="none",
-        scaling_reference=0,
-    )
+    fixed = scheduler(optimizer(lr=2.0), "fixed", lr=2.0)
     fixed.follow_time(0.9)  # a schedule that does not follow the clock ignores it
     assert fixed.step(100)[0] == pytest.approx(2.0)
 
