@@ -90,6 +90,12 @@ class Stopping:
             return []
         return [self.elapsed_seconds() / limit if is_main else 0.0]
 
+    def earlier_share(self) -> float:
+        """The share of --stop-time-hours that the runs this one resumed spent (0 without the
+        limit): read from the checkpoint, so the same on every rank without a collective."""
+        limit = self.cfg.stop_time_hours * 3600
+        return self.earlier_seconds / limit if limit > 0 else 0.0
+
     def agreed(self, flags: list[bool]) -> str | None:
         """The stop reason from ``flags`` as any rank set them."""
         if flags[0]:

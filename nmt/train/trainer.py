@@ -284,6 +284,9 @@ class Trainer:
         self.stopping = Stopping(
             self.cfg.run, earlier_seconds=float(state.get("earlier_seconds", 0.0))
         )
+        # From the first update on, not the first log point: a fresh schedule
+        # (--reset-lr-scheduler) would otherwise start at the peak lr of a spent time budget.
+        self.step.scheduler.follow_time(self.stopping.earlier_share())
         if not resets.reset_meters:
             self.validator.load_state_dict(state)
         if self.metrics.enabled:

@@ -164,6 +164,30 @@ def test_cosine_over_the_time_budget_reaches_its_floor_when_the_time_is_up(tiny_
     assert lrs[-1] < 0.1 * 0.003 < lrs[0]  # peak --lr 0.003, floor --min-lr 0
 
 
+def test_a_reset_cosine_resumes_where_the_time_budget_stands(tiny_data, tmp_path):
+    cosine = ("--lr-scheduler", "cosine", "--max-update", "100000")
+    first = run_subprocess(
+        [
+            tiny_data,
+            *train_command(tiny_data, tmp_path / "ck", *cosine, "--stop-time-hours", "0.002"),
+        ]
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_subprocess(
+        [
+            tiny_data,
+            *train_command(tiny_data, tmp_path / "ck", *cosine, "--stop-time-hours", "0.003"),
+            "--reset-lr-scheduler",
+        ]
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first_update = parse_log(first.stdout)[-1]["update"] + 1
+    first_lr = next(r["lr"] for r in parse_log(resumed.stdout) if r["update"] == first_update)
+    # Two thirds of the budget (or more) were spent: the cosine has taken the peak (0.003) to a
+    # quarter; a fresh schedule would start at the peak.
+    assert first_lr <= 0.25 * 0.003
+
+
 def test_cosine_without_a_limit_to_decay_over_is_refused(tiny_data, tmp_path):
     flags = ("--lr-scheduler", "cosine", "--max-epoch", "1")
     result = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "ck", *flags)])
