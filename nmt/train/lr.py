@@ -63,8 +63,9 @@ def cosine_factor(
 
 
 class CosineSchedule:
-    """``cosine_factor`` as a callable object, so that LambdaLR saves its attributes with the
-    scheduler's state: ``time_progress`` (set by ``VariableBatchSizeLR.follow_time``) resumes."""
+    """``cosine_factor`` as a callable object whose ``time_progress`` the run can move on
+    (``VariableBatchSizeLR.follow_time``: at each log point, and on resume from the checkpoint's
+    clock); LambdaLR saves it with the scheduler's state."""
 
     def __init__(
         self, *, warmup_updates: int, warmup_init_ratio: float, max_update: int, min_ratio: float

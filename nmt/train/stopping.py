@@ -51,6 +51,7 @@ class Stopping:
         counts them, as fairseq does)."""
         self.cfg = cfg
         self.earlier_seconds = earlier_seconds
+        self.limit_seconds = cfg.stop_time_hours * 3600  # 0: no time limit
         self.started = time.perf_counter()
 
     def elapsed_seconds(self) -> float:
@@ -59,8 +60,7 @@ class Stopping:
 
     def before_start(self, *, epoch: int) -> str | None:
         """A resumed run may have nothing left to do; ``epoch``: the 1-based epoch it would start in."""
-        limit = self.cfg.stop_time_hours * 3600
-        if 0 < limit <= self.earlier_seconds:
+        if 0 < self.limit_seconds <= self.earlier_seconds:
             return (
                 f"--stop-time-hours {self.cfg.stop_time_hours} reached by the runs this one resumed"
             )
@@ -78,22 +78,21 @@ class Stopping:
 
     def flags(self, stop_signal: StopSignal) -> list[bool]:
         """This rank's view of the limits the ranks must agree on (``agreed`` reads them back)."""
-        limit = self.cfg.stop_time_hours * 3600
+        limit = self.limit_seconds
         return [stop_signal.requested, limit > 0 and self.elapsed_seconds() > limit]
 
     def time_share(self, *, is_main: bool) -> list[float]:
         """The share of --stop-time-hours spent, for ``read`` to sum over the ranks: the main
         rank's clock alone (the others give 0), so every rank reads the same value bit for bit and
         a schedule driven by it sets the same learning rate everywhere. Empty without the limit."""
-        limit = self.cfg.stop_time_hours * 3600
-        if limit <= 0:
+        if self.limit_seconds <= 0:
             return []
-        return [self.elapsed_seconds() / limit if is_main else 0.0]
+        return [self.elapsed_seconds() / self.limit_seconds if is_main else 0.0]
 
     def earlier_share(self) -> float:
         """The share of --stop-time-hours that the runs this one resumed spent (0 without the
         limit): read from the checkpoint, so the same on every rank without a collective."""
-        limit = self.cfg.stop_time_hours * 3600
+        limit = self.limit_seconds
         return self.earlier_seconds / limit if limit > 0 else 0.0
 
     def agreed(self, flags: list[bool]) -> str | None:
