@@ -11,8 +11,7 @@ BT_RECIPE = ROOT / "examples" / "multi30k-bt" / "run.sh"
 
 def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
     """nmt-train records its arguments and leaves a checkpoint in --save-dir (it refuses
-    --bad-flag, as nmt-train refuses an unknown option); nmt-eval fails, ending the recipe before
-    scoring."""
+    --bad-flag, as nmt-train refuses an unknown option)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "nmt-train").write_text(
@@ -24,7 +23,18 @@ def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
         "done\n"
         "exit 0\n"
     )
-    (bin_dir / "nmt-eval").write_text("#!/bin/sh\nexit 1\n")
+    # nmt-eval writes --output-dataset (a back-translation) and fails otherwise (the scoring).
+    (bin_dir / "nmt-eval").write_text(
+        f'#!/bin/sh\necho "$@" >> {tmp_path}/eval-calls\n'
+        "while [ $# -gt 0 ]; do\n"
+        '    if [ "$1" = --output-dataset ]; then\n'
+        '        mkdir -p "$2" && echo "{}" > "$2/manifest.json"\n'
+        "        echo 'back-translated 1 sentences' >&2 && exit 0\n"
+        "    fi\n"
+        "    shift\n"
+        "done\n"
+        "exit 1\n"
+    )
     for script in bin_dir.iterdir():
         script.chmod(0o755)
     return bin_dir
@@ -104,3 +114,42 @@ def test_bt_recipe_lets_flags_change_after_nmt_train_refused_them(tmp_path):
     assert calls[1].endswith("--encoder-embed-dim 192") and calls[2].endswith(
         "--encoder-embed-dim 192"
     )
+
+
+def test_bt_recipe_back_translates_iteratively_with_an_en_de_model(tmp_path):
+    out = _bt_out_dir(tmp_path)
+    (out / "mono-en-1").mkdir()
+    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    teacher = tmp_path / "en-de.pt"
+    teacher.write_text("")
+
+    _run_bt_recipe(
+        tmp_path, "--reverse-bt", str(teacher), "--reverse-flags", "--lr-scheduler cosine"
+    )
+
+    english, german, scoring = (tmp_path / "eval-calls").read_text().splitlines()
+    assert english.startswith(f"{out}/mono-en-1 --path {teacher} --split train --output-dataset ")
+    assert (
+        f"--output-dataset {out}/en-bt-sample-tagged-c1 " in english and "--tag-source" in english
+    )
+    reverse, final = (tmp_path / "train-calls").read_text().splitlines()
+    # The de->en model learns from real and synthetic pairs, with its own flags; the round-one
+    # de->en model in DIR/de-en is left alone.
+    assert reverse.startswith(f"{out}/data-de-en ") and f"--save-dir {out}/de-en-ibt " in reverse
+    assert f"--train-subsets train,{out}/en-bt-sample-tagged-c1/train --subset-weights 0.5,0.5" in (
+        reverse
+    )
+    assert reverse.endswith("--lr-scheduler cosine")
+    assert german.startswith(f"{out}/mono-1 --path {out}/de-en-ibt/checkpoint_last.pt ")
+    assert f"--output-dataset {out}/bt-sample-tagged-c1-ibt " in german
+    assert f"--train-subsets train,{out}/bt-sample-tagged-c1-ibt/train " in final
+    assert "--lr-scheduler" not in final  # --reverse-flags are the de->en model's alone
+    assert scoring.startswith(f"{out}/data --path {out}/bt-sample-tagged-c1-ibt-w0.5/")
+
+
+def test_bt_recipe_refuses_a_missing_reverse_bt_model(tmp_path):
+    _bt_out_dir(tmp_path)
+    result = _run_bt_recipe(tmp_path, "--reverse-bt", str(tmp_path / "nothing.pt"))
+    assert result.returncode == 2
+    assert f"--reverse-bt {tmp_path}/nothing.pt: no such checkpoint file" in result.stderr
+    assert not (tmp_path / "train-calls").exists()

@@ -2,7 +2,7 @@
 # Back-translation on Multi30k en->de: a de->en model back-translates in-domain German captions
 # (data/multi30k-captions), then en->de trains on real + synthetic pairs; test_2016_flickr scored.
 #
-#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--filter F] [--ct2] [--average-last K] [-- NMT_TRAIN_FLAGS]
+#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--reverse-bt MODEL] [--reverse-flags FLAGS] [--filter F] [--ct2] [--average-last K] [-- NMT_TRAIN_FLAGS]
 #
 # --minutes N: the training budget of the en->de models (the baseline, the final model).
 # --reverse-minutes M: the de->en model's budget (default N).
@@ -18,6 +18,11 @@
 #   (beam 5), noise (beam 5 plus Edunov et al. 2018's noise). --no-tag: without the <bt> tag.
 # --captions K: the first K of the 5 caption files (29,000 lines each; default 1).
 # --real-weight W: the real corpus's share of the blend (default 0.5: 1:1 real:synthetic).
+# --reverse-bt MODEL: iterative back-translation (Hoang et al. 2018): the de->en model trains on the
+#   real pairs plus the English captions back-translated by MODEL, an en->de model such as DIR/model.pt
+#   of an earlier run, 1:1 by weight, with the same --bt search and tag as the final model's data.
+# --reverse-flags FLAGS: nmt-train flags for the de->en model, one quoted string
+#   (e.g. "--lr-scheduler cosine").
 # --filter F: keep the best fraction F of the synthetic pairs by dual conditional cross-entropy
 #   (nmt-filter, the baseline as forward model: implies --baseline).
 # Flags after -- go to nmt-train for both en->de models (the baseline and the final model, so the
@@ -29,7 +34,7 @@ set -euo pipefail
 
 usage() { sed -n '5p' "$0" | sed 's/^#  *//' >&2; exit 2; }
 minutes=5 reverse_minutes= out=runs/multi30k-bt baseline=0 side_by_side=0 bt=sample tag=1 captions=1
-real_weight=0.5 filter= ct2=0 average_last=
+real_weight=0.5 filter= ct2=0 average_last= reverse_bt= reverse_flags=
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes="${2:?--minutes needs a value}"; shift 2 ;;
@@ -43,6 +48,8 @@ while [ $# -gt 0 ]; do
         --no-tag) tag=0; shift ;;
         --captions) captions="${2:?--captions needs a value}"; shift 2 ;;
         --real-weight) real_weight="${2:?--real-weight needs a value}"; shift 2 ;;
+        --reverse-bt) reverse_bt="${2:?--reverse-bt needs a value}"; shift 2 ;;
+        --reverse-flags) reverse_flags="${2?--reverse-flags needs a value}"; shift 2 ;;
         --filter) filter="${2:?--filter needs a value}"; baseline=1; shift 2 ;;
         -h|--help) usage ;;
         --) shift; break ;;
@@ -57,6 +64,10 @@ case "$bt" in
 esac
 if [ "$side_by_side" = 1 ] && [ -n "$filter" ]; then
     echo "examples/multi30k-bt/run.sh: --side-by-side trains the baseline beside the final model, but --filter needs the baseline first" >&2
+    exit 2
+fi
+if [ -n "$reverse_bt" ] && [ ! -f "$reverse_bt" ]; then
+    echo "examples/multi30k-bt/run.sh: --reverse-bt $reverse_bt: no such checkpoint file" >&2
     exit 2
 fi
 reverse_minutes=${reverse_minutes:-$minutes}
@@ -131,41 +142,65 @@ if [ ! -f "$out/data-de-en/manifest.json" ]; then
     nmt-preprocess -s de -t en --trainpref data/multi30k/train --validpref data/multi30k/val \
         --spm-model "$spm" --destdir "$out/data-de-en" > /dev/null
 fi
+monolingual() {  # LANG DIR: the first --captions caption files of LANG as a monolingual dataset
+    if [ ! -f "$2/manifest.json" ]; then
+        for k in $(seq 1 "$captions"); do zcat "data/multi30k-captions/train.$k.$1.gz"; done > "$2.$1"
+        nmt-preprocess --only-source -s "$1" --trainpref "$2" --spm-model "$spm" --dedup \
+            --destdir "$2" > /dev/null
+        rm "$2.$1"
+    fi
+}
 mono="$out/mono-$captions"
-if [ ! -f "$mono/manifest.json" ]; then
-    for k in $(seq 1 "$captions"); do zcat "data/multi30k-captions/train.$k.de.gz"; done > "$out/captions-$captions.de"
-    nmt-preprocess --only-source -s de --trainpref "$out/captions-$captions" --spm-model "$spm" \
-        --dedup --destdir "$mono" > /dev/null
-    rm "$out/captions-$captions.de"
+monolingual de "$mono"
+
+tagging=()
+[ "$tag" = 1 ] && tagging=(--tag-source)
+back_translate() {  # MONO NAME MODEL...: MONO into the dataset DIR/NAME (resumable: rerun it)
+    local source="$1" dataset="$out/$2"; shift 2
+    if [ ! -f "$dataset/manifest.json" ]; then
+        log "back-translating $source ($bt)"
+        nmt-eval "$source" "$@" --split train --output-dataset "$dataset" "${search[@]}" \
+            "${tagging[@]}" --batch-size 128 2> "$dataset.log"
+        grep -o 'back-translated [0-9]* sentences.*' "$dataset.log" | tee "$dataset.speed" >&2
+    fi
+}
+exported() {  # DIR CHECKPOINTS: the --path flags of CHECKPOINTS (a,b,c: averaged), exported to DIR
+    if [ ! -f "$1/model.bin" ]; then
+        nmt-export "$2" --quantization int8 --output-dir "$1" --force > /dev/null
+    fi
+    echo "--path $1"
+}
+name="bt-$bt$([ "$tag" = 1 ] && echo -tagged)-c$captions"
+reverse_dir="$out/de-en"
+reverse_data=()
+if [ -n "$reverse_bt" ]; then
+    # The English captions back-translated by an en->de model: the de->en model's synthetic data.
+    monolingual en "$out/mono-en-$captions"
+    teacher=(--path "$reverse_bt")
+    [ "$ct2" = 1 ] && read -r -a teacher <<< "$(exported "$out/en-de-teacher-ct2" "$reverse_bt")"
+    back_translate "$out/mono-en-$captions" "en-$name" "${teacher[@]}"
+    reverse_data=(--train-subsets "train,$out/en-$name/train" --subset-weights 0.5,0.5)
+    reverse_dir="$out/de-en-ibt"
+    name="$name-ibt"
 fi
 
 # The reverse model, then the back-translation (resumable: rerun after an interruption).
-if [ ! -f "$out/de-en/checkpoint_last.pt" ] || [ ! -f "$out/de-en.done" ]; then
+if [ ! -f "$reverse_dir/checkpoint_last.pt" ] || [ ! -f "$reverse_dir.done" ]; then
     log "training de->en for $reverse_minutes min"
-    train "$reverse_minutes" "$out/data-de-en" "$out/de-en"
-    touch "$out/de-en.done"
+    read -r -a flags <<< "$reverse_flags"
+    train "$reverse_minutes" "$out/data-de-en" "$reverse_dir" "${reverse_data[@]}" "${flags[@]}"
+    touch "$reverse_dir.done"
 fi
-name="bt-$bt$([ "$tag" = 1 ] && echo -tagged)-c$captions"
-tagging=()
-[ "$tag" = 1 ] && tagging=(--tag-source)
-read -r -a reverse <<< "$(weights "$reverse_minutes" "$out/de-en")"
+read -r -a reverse <<< "$(weights "$reverse_minutes" "$reverse_dir")"
 if [ "$ct2" = 1 ]; then
     name="$name-ct2"
-    if [ ! -f "$out/de-en-ct2/model.bin" ]; then
-        checkpoint="$out/de-en/checkpoint_last.pt"
-        if [ "${#reverse[@]}" -gt 2 ]; then
-            checkpoint=$(python3 -c "import sys; from nmt.checkpoint_io import last_checkpoints; print(','.join(last_checkpoints(sys.argv[1], int(sys.argv[2]))))" "$out/de-en" "${reverse[3]}")
-        fi
-        nmt-export "$checkpoint" --quantization int8 --output-dir "$out/de-en-ct2" --force > /dev/null
+    checkpoint="$reverse_dir/checkpoint_last.pt"
+    if [ "${#reverse[@]}" -gt 2 ]; then
+        checkpoint=$(python3 -c "import sys; from nmt.checkpoint_io import last_checkpoints; print(','.join(last_checkpoints(sys.argv[1], int(sys.argv[2]))))" "$reverse_dir" "${reverse[3]}")
     fi
-    reverse=(--path "$out/de-en-ct2")
+    read -r -a reverse <<< "$(exported "$reverse_dir-ct2" "$checkpoint")"
 fi
-if [ ! -f "$out/$name/manifest.json" ]; then
-    log "back-translating $mono ($bt)"
-    nmt-eval "$mono" "${reverse[@]}" --split train --output-dataset "$out/$name" \
-        "${search[@]}" "${tagging[@]}" --batch-size 128 2> "$out/$name.log"
-    grep -o 'back-translated [0-9]* sentences.*' "$out/$name.log" | tee "$out/$name.speed" >&2
-fi
+back_translate "$mono" "$name" "${reverse[@]}"
 
 train_baseline() {
     if [ ! -f "$out/baseline.done" ]; then
