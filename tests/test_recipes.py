@@ -153,3 +153,20 @@ def test_bt_recipe_refuses_a_missing_reverse_bt_model(tmp_path):
     assert result.returncode == 2
     assert f"--reverse-bt {tmp_path}/nothing.pt: no such checkpoint file" in result.stderr
     assert not (tmp_path / "train-calls").exists()
+
+
+def test_bt_recipe_refuses_another_reverse_bt_model_over_the_same_out(tmp_path):
+    out = _bt_out_dir(tmp_path)
+    (out / "mono-en-1").mkdir()
+    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    first, second = tmp_path / "first.pt", tmp_path / "second.pt"
+    first.write_text("one model")
+    second.write_text("another model")
+    _run_bt_recipe(tmp_path, "--reverse-bt", str(first))
+    calls = (tmp_path / "eval-calls").read_text()
+
+    result = _run_bt_recipe(tmp_path, "--reverse-bt", str(second))
+
+    assert result.returncode == 2
+    assert f"{out} was built with another --reverse-bt model than {second}" in result.stderr
+    assert (tmp_path / "eval-calls").read_text() == calls  # nothing reused, nothing redone

@@ -89,6 +89,17 @@ if [ "$trained" = 1 ] && [ "$recorded" != "$model_flags" ]; then
         "[${recorded:-no flags}] after --, not [${model_flags:-no flags}]: use another --out" >&2
     exit 2
 fi
+# Likewise the English back-translation, its export and the de->en model learnt from them: another
+# --reverse-bt model over the same DIR would silently reuse them.
+if [ -n "$reverse_bt" ]; then
+    teacher_sum="$(sha256sum "$reverse_bt" | cut -d' ' -f1)"
+    if [ -f "$out/reverse-bt.sha256" ] && [ "$(cat "$out/reverse-bt.sha256")" != "$teacher_sum" ]; then
+        echo "examples/multi30k-bt/run.sh: $out was built with another --reverse-bt model than" \
+            "$reverse_bt (sha256 $teacher_sum): use another --out" >&2
+        exit 2
+    fi
+    echo "$teacher_sum" > "$out/reverse-bt.sha256"
+fi
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
 train() {  # MINUTES DATA SAVE_DIR [flags]: nmt-train's defaults (the Multi30k recipe)
