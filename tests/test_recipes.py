@@ -23,9 +23,11 @@ def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
         "done\n"
         "exit 0\n"
     )
-    # nmt-eval writes --output-dataset (a back-translation) and fails otherwise (the scoring).
+    # nmt-eval writes --output-dataset (a back-translation) and fails otherwise (the scoring), or
+    # for a --path named *wrong*.
     (bin_dir / "nmt-eval").write_text(
         f'#!/bin/sh\necho "$@" >> {tmp_path}/eval-calls\n'
+        'case " $* " in *" --path "*wrong*) exit 1 ;; esac\n'  # a model nmt-eval refuses
         "while [ $# -gt 0 ]; do\n"
         '    if [ "$1" = --output-dataset ]; then\n'
         '        mkdir -p "$2" && echo "{}" > "$2/manifest.json"\n'
@@ -170,3 +172,19 @@ def test_bt_recipe_refuses_another_reverse_bt_model_over_the_same_out(tmp_path):
     assert result.returncode == 2
     assert f"{out} was built with another --reverse-bt model than {second}" in result.stderr
     assert (tmp_path / "eval-calls").read_text() == calls  # nothing reused, nothing redone
+
+
+def test_bt_recipe_takes_another_reverse_bt_model_after_one_was_refused(tmp_path):
+    out = _bt_out_dir(tmp_path)
+    (out / "mono-en-1").mkdir()
+    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    wrong, right = tmp_path / "wrong-de-en.pt", tmp_path / "en-de.pt"
+    wrong.write_text("a de->en model")
+    right.write_text("an en->de model")
+    refused = _run_bt_recipe(tmp_path, "--reverse-bt", str(wrong))
+    assert refused.returncode == 1 and not (out / "en-bt-sample-tagged-c1").exists()
+
+    _run_bt_recipe(tmp_path, "--reverse-bt", str(right))
+
+    assert f"{out}/en-bt-sample-tagged-c1" in (tmp_path / "eval-calls").read_text().splitlines()[1]
+    assert (tmp_path / "train-calls").read_text().count("--save-dir") == 2  # de->en, en->de

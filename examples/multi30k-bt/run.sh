@@ -89,8 +89,9 @@ if [ "$trained" = 1 ] && [ "$recorded" != "$model_flags" ]; then
         "[${recorded:-no flags}] after --, not [${model_flags:-no flags}]: use another --out" >&2
     exit 2
 fi
-# Likewise the English back-translation, its export and the de->en model learnt from them: another
-# --reverse-bt model over the same DIR would silently reuse them.
+# Likewise the English back-translation and the de->en model learnt from it: another --reverse-bt
+# model over the same DIR would silently reuse them. The record is written once that back-translation
+# is complete, so a model refused before (the wrong direction, say) binds nothing.
 if [ -n "$reverse_bt" ]; then
     teacher_sum="$(sha256sum "$reverse_bt" | cut -d' ' -f1)"
     if [ -f "$out/reverse-bt.sha256" ] && [ "$(cat "$out/reverse-bt.sha256")" != "$teacher_sum" ]; then
@@ -98,7 +99,6 @@ if [ -n "$reverse_bt" ]; then
             "$reverse_bt (sha256 $teacher_sum): use another --out" >&2
         exit 2
     fi
-    echo "$teacher_sum" > "$out/reverse-bt.sha256"
 fi
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
@@ -188,8 +188,10 @@ if [ -n "$reverse_bt" ]; then
     # The English captions back-translated by an en->de model: the de->en model's synthetic data.
     monolingual en "$out/mono-en-$captions"
     teacher=(--path "$reverse_bt")
-    [ "$ct2" = 1 ] && read -r -a teacher <<< "$(exported "$out/en-de-teacher-ct2" "$reverse_bt")"
+    [ "$ct2" = 1 ] &&
+        read -r -a teacher <<< "$(exported "$out/en-de-${teacher_sum:0:16}-ct2" "$reverse_bt")"
     back_translate "$out/mono-en-$captions" "en-$name" "${teacher[@]}"
+    echo "$teacher_sum" > "$out/reverse-bt.sha256"
     reverse_data=(--train-subsets "train,$out/en-$name/train" --subset-weights 0.5,0.5)
     reverse_dir="$out/de-en-ibt"
     name="$name-ibt"
