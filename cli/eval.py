@@ -291,6 +291,7 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
         max_len_ratio=io.max_len_ratio,
         tag_source=io.tag_source,
         source_noise=io.source_noise,
+        synthetic_side=io.synthetic_side,
     )
     try:
         manifest = generate_dataset(

@@ -1102,6 +1102,13 @@ class EvalIOConfig:
         "dataset here: synthetic source, real target, the same vocabulary; resumable, sharded under torchrun",
         metavar="DIR",
     )
+    synthetic_side: str = opt(
+        "source",
+        "--output-dataset: which side the translation becomes: source (back-translation: the "
+        "monolingual text is the target) or target (forward translation, self-training: the "
+        "monolingual text is the source)",
+        choices=("source", "target"),
+    )
     tag_source: bool = opt(
         False,
         "--output-dataset: the <bt> tag before every synthetic source (tagged back-translation)",
@@ -1189,7 +1196,17 @@ class EvalIOConfig:
         if self.output_dataset is None:
             for name in ("tag_source", "source_noise"):
                 _require(not getattr(self, name), name, "only applies with --output-dataset")
+            _require(
+                self.synthetic_side == "source", "synthetic_side", "only applies with --output-dataset"
+            )
             return
+        if self.synthetic_side == "target":
+            for name in ("tag_source", "source_noise"):
+                _require(
+                    not getattr(self, name),
+                    name,
+                    "marks synthetic sources, but with --synthetic-side target the source is the real text",
+                )
         _require(
             self.data_dir is not None,
             "output_dataset",

@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BT_RECIPE = ROOT / "examples" / "multi30k-bt" / "run.sh"
 
@@ -130,7 +132,7 @@ def test_bt_recipe_back_translates_iteratively_with_an_en_de_model(tmp_path):
     )
 
     english, german, scoring = (tmp_path / "eval-calls").read_text().splitlines()
-    assert english.startswith(f"{out}/mono-en-1 --path {teacher} --split train --output-dataset ")
+    assert english.startswith(f"{out}/mono-en-1 --path {teacher} ") and "--split train " in english
     assert (
         f"--output-dataset {out}/en-bt-sample-tagged-c1 " in english and "--tag-source" in english
     )
@@ -149,29 +151,58 @@ def test_bt_recipe_back_translates_iteratively_with_an_en_de_model(tmp_path):
     assert scoring.startswith(f"{out}/data --path {out}/bt-sample-tagged-c1-ibt-w0.5/")
 
 
-def test_bt_recipe_refuses_a_missing_reverse_bt_model(tmp_path):
+EN_DE_MODEL_OPTIONS = pytest.mark.parametrize("option", ["--reverse-bt", "--forward-translate"])
+
+
+@EN_DE_MODEL_OPTIONS
+def test_bt_recipe_refuses_a_missing_en_de_model(tmp_path, option):
     _bt_out_dir(tmp_path)
-    result = _run_bt_recipe(tmp_path, "--reverse-bt", str(tmp_path / "nothing.pt"))
+    result = _run_bt_recipe(tmp_path, option, str(tmp_path / "nothing.pt"))
     assert result.returncode == 2
-    assert f"--reverse-bt {tmp_path}/nothing.pt: no such checkpoint file" in result.stderr
+    assert f"{option} {tmp_path}/nothing.pt: no such checkpoint file" in result.stderr
     assert not (tmp_path / "train-calls").exists()
 
 
-def test_bt_recipe_refuses_another_reverse_bt_model_over_the_same_out(tmp_path):
+@EN_DE_MODEL_OPTIONS
+def test_bt_recipe_refuses_another_en_de_model_over_the_same_out(tmp_path, option):
     out = _bt_out_dir(tmp_path)
     (out / "mono-en-1").mkdir()
     (out / "mono-en-1" / "manifest.json").write_text("{}")
     first, second = tmp_path / "first.pt", tmp_path / "second.pt"
     first.write_text("one model")
     second.write_text("another model")
-    _run_bt_recipe(tmp_path, "--reverse-bt", str(first))
+    _run_bt_recipe(tmp_path, option, str(first))
     calls = (tmp_path / "eval-calls").read_text()
 
-    result = _run_bt_recipe(tmp_path, "--reverse-bt", str(second))
+    result = _run_bt_recipe(tmp_path, option, str(second))
 
     assert result.returncode == 2
-    assert f"{out} was built with another --reverse-bt model than {second}" in result.stderr
+    assert f"{out} was built with another {option} model than {second}" in result.stderr
     assert (tmp_path / "eval-calls").read_text() == calls  # nothing reused, nothing redone
+
+
+def test_bt_recipe_blends_forward_translated_english_captions(tmp_path):
+    out = _bt_out_dir(tmp_path)
+    (out / "mono-en-1").mkdir()
+    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    teacher = tmp_path / "en-de.pt"
+    teacher.write_text("")
+
+    _run_bt_recipe(tmp_path, "--forward-translate", str(teacher), "--real-weight", "0.4")
+
+    forward, scoring = (tmp_path / "eval-calls").read_text().splitlines()
+    assert forward.startswith(f"{out}/mono-en-1 --path {teacher} --beam 5 --synthetic-side target ")
+    assert f"--output-dataset {out}/ft-c1 " in forward and "--tag-source" not in forward
+    (final,) = (tmp_path / "train-calls").read_text().splitlines()  # de->en exists
+    assert f"--save-dir {out}/bt-sample-tagged-c1-ft-w0.4 " in final
+    assert (
+        f"--train-subsets train,{out}/bt-sample-tagged-c1/train,{out}/ft-c1/train "
+        "--subset-weights 0.4,0.3,0.3" in final
+    )
+    assert scoring.startswith(f"{out}/data --path {out}/bt-sample-tagged-c1-ft-w0.4/")
+    assert (out / "forward.sha256").read_text().split() == [
+        subprocess.run(["sha256sum", str(teacher)], capture_output=True, text=True).stdout.split()[0]
+    ]
 
 
 def test_bt_recipe_takes_another_reverse_bt_model_after_one_was_refused(tmp_path):

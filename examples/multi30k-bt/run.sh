@@ -2,7 +2,7 @@
 # Back-translation on Multi30k en->de: a de->en model back-translates in-domain German captions
 # (data/multi30k-captions), then en->de trains on real + synthetic pairs; test_2016_flickr scored.
 #
-#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--reverse-bt MODEL] [--reverse-flags FLAGS] [--filter F] [--ct2] [--average-last K] [-- NMT_TRAIN_FLAGS]
+#   bash examples/multi30k-bt/run.sh [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline] [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W] [--reverse-bt MODEL] [--reverse-flags FLAGS] [--forward-translate MODEL] [--filter F] [--ct2] [--average-last K] [-- NMT_TRAIN_FLAGS]
 #
 # --minutes N: the training budget of the en->de models (the baseline, the final model).
 # --reverse-minutes M: the de->en model's budget (default N).
@@ -23,6 +23,10 @@
 #   of an earlier run, 1:1 by weight, with the same --bt search and tag as the final model's data.
 # --reverse-flags FLAGS: nmt-train flags for the de->en model, one quoted string
 #   (e.g. "--lr-scheduler cosine").
+# --forward-translate MODEL: forward translation (self-training, He et al. 2020): MODEL, an en->de
+#   model such as DIR/model.pt of an earlier run, translates the English captions of the same
+#   --captions files (beam 5, no tag: the source is real), and the final model trains on the real
+#   pairs (--real-weight W), the back-translation and this, the two synthetic sets (1-W)/2 each.
 # --filter F: keep the best fraction F of the synthetic pairs by dual conditional cross-entropy
 #   (nmt-filter, the baseline as forward model: implies --baseline).
 # Flags after -- go to nmt-train for both en->de models (the baseline and the final model, so the
@@ -34,7 +38,7 @@ set -euo pipefail
 
 usage() { sed -n '5p' "$0" | sed 's/^#  *//' >&2; exit 2; }
 minutes=5 reverse_minutes= out=runs/multi30k-bt baseline=0 side_by_side=0 bt=sample tag=1 captions=1
-real_weight=0.5 filter= ct2=0 average_last= reverse_bt= reverse_flags=
+real_weight=0.5 filter= ct2=0 average_last= reverse_bt= reverse_flags= forward=
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes="${2:?--minutes needs a value}"; shift 2 ;;
@@ -50,6 +54,7 @@ while [ $# -gt 0 ]; do
         --real-weight) real_weight="${2:?--real-weight needs a value}"; shift 2 ;;
         --reverse-bt) reverse_bt="${2:?--reverse-bt needs a value}"; shift 2 ;;
         --reverse-flags) reverse_flags="${2?--reverse-flags needs a value}"; shift 2 ;;
+        --forward-translate) forward="${2:?--forward-translate needs a value}"; shift 2 ;;
         --filter) filter="${2:?--filter needs a value}"; baseline=1; shift 2 ;;
         -h|--help) usage ;;
         --) shift; break ;;
@@ -66,10 +71,14 @@ if [ "$side_by_side" = 1 ] && [ -n "$filter" ]; then
     echo "examples/multi30k-bt/run.sh: --side-by-side trains the baseline beside the final model, but --filter needs the baseline first" >&2
     exit 2
 fi
-if [ -n "$reverse_bt" ] && [ ! -f "$reverse_bt" ]; then
-    echo "examples/multi30k-bt/run.sh: --reverse-bt $reverse_bt: no such checkpoint file" >&2
-    exit 2
-fi
+require_file() {  # OPTION PATH: PATH, when given, must be a file
+    if [ -n "$2" ] && [ ! -f "$2" ]; then
+        echo "examples/multi30k-bt/run.sh: $1 $2: no such checkpoint file" >&2
+        exit 2
+    fi
+}
+require_file --reverse-bt "$reverse_bt"
+require_file --forward-translate "$forward"
 reverse_minutes=${reverse_minutes:-$minutes}
 hours() { python3 -c "print($1 / 60)"; }
 mkdir -p "$out"
@@ -89,16 +98,25 @@ if [ "$trained" = 1 ] && [ "$recorded" != "$model_flags" ]; then
         "[${recorded:-no flags}] after --, not [${model_flags:-no flags}]: use another --out" >&2
     exit 2
 fi
-# Likewise the English back-translation and the de->en model learnt from it: another --reverse-bt
-# model over the same DIR would silently reuse them. The record is written once that back-translation
-# is complete, so a model refused before (the wrong direction, say) binds nothing.
-if [ -n "$reverse_bt" ]; then
-    teacher_sum="$(sha256sum "$reverse_bt" | cut -d' ' -f1)"
-    if [ -f "$out/reverse-bt.sha256" ] && [ "$(cat "$out/reverse-bt.sha256")" != "$teacher_sum" ]; then
-        echo "examples/multi30k-bt/run.sh: $out was built with another --reverse-bt model than" \
-            "$reverse_bt (sha256 $teacher_sum): use another --out" >&2
+# Likewise what an en->de model translated from the English captions, and the models that learnt
+# from it: another --reverse-bt (--forward-translate) model over the same DIR would silently reuse
+# them. The record is written once that translation is complete, so a model refused before (the
+# wrong direction, say) binds nothing.
+model_sum() {  # OPTION MODEL RECORD: MODEL's sha256; exits when RECORD names another model
+    local sum
+    sum="$(sha256sum "$2" | cut -d' ' -f1)"
+    if [ -f "$3" ] && [ "$(cat "$3")" != "$sum" ]; then
+        echo "examples/multi30k-bt/run.sh: $out was built with another $1 model than $2" \
+            "(sha256 $sum): use another --out" >&2
         exit 2
     fi
+    echo "$sum"
+}
+if [ -n "$reverse_bt" ]; then
+    teacher_sum="$(model_sum --reverse-bt "$reverse_bt" "$out/reverse-bt.sha256")"
+fi
+if [ -n "$forward" ]; then
+    forward_sum="$(model_sum --forward-translate "$forward" "$out/forward.sha256")"
 fi
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
@@ -166,14 +184,17 @@ monolingual de "$mono"
 
 tagging=()
 [ "$tag" = 1 ] && tagging=(--tag-source)
-back_translate() {  # MONO NAME MODEL...: MONO into the dataset DIR/NAME (resumable: rerun it)
+generate() {  # MONO NAME FLAGS...: MONO translated into the dataset DIR/NAME (resumable: rerun it)
     local source="$1" dataset="$out/$2"; shift 2
     if [ ! -f "$dataset/manifest.json" ]; then
-        log "back-translating $source ($bt)"
-        nmt-eval "$source" "$@" --split train --output-dataset "$dataset" "${search[@]}" \
-            "${tagging[@]}" --batch-size 128 2> "$dataset.log"
-        grep -o 'back-translated [0-9]* sentences.*' "$dataset.log" | tee "$dataset.speed" >&2
+        log "translating $source into $dataset"
+        nmt-eval "$source" "$@" --split train --output-dataset "$dataset" --batch-size 128 \
+            2> "$dataset.log"
+        grep -o 'translated [0-9]* sentences.*' "$dataset.log" | tee "$dataset.speed" >&2
     fi
+}
+back_translate() {  # MONO NAME MODEL...: MONO back-translated into DIR/NAME with the --bt search
+    generate "$@" "${search[@]}" "${tagging[@]}"
 }
 exported() {  # DIR CHECKPOINTS: the --path flags of CHECKPOINTS (a,b,c: averaged), exported to DIR
     if [ ! -f "$1/model.bin" ]; then
@@ -181,15 +202,16 @@ exported() {  # DIR CHECKPOINTS: the --path flags of CHECKPOINTS (a,b,c: average
     fi
     echo "--path $1"
 }
+en_de_model() {  # MODEL SHA256: the --path flags an en->de checkpoint translates with (--ct2: its export)
+    if [ "$ct2" = 1 ]; then exported "$out/en-de-${2:0:16}-ct2" "$1"; else echo "--path $1"; fi
+}
 name="bt-$bt$([ "$tag" = 1 ] && echo -tagged)-c$captions"
 reverse_dir="$out/de-en"
 reverse_data=()
 if [ -n "$reverse_bt" ]; then
     # The English captions back-translated by an en->de model: the de->en model's synthetic data.
     monolingual en "$out/mono-en-$captions"
-    teacher=(--path "$reverse_bt")
-    [ "$ct2" = 1 ] &&
-        read -r -a teacher <<< "$(exported "$out/en-de-${teacher_sum:0:16}-ct2" "$reverse_bt")"
+    read -r -a teacher <<< "$(en_de_model "$reverse_bt" "$teacher_sum")"
     back_translate "$out/mono-en-$captions" "en-$name" "${teacher[@]}"
     echo "$teacher_sum" > "$out/reverse-bt.sha256"
     reverse_data=(--train-subsets "train,$out/en-$name/train" --subset-weights 0.5,0.5)
@@ -225,11 +247,11 @@ train_baseline() {
 }
 
 synthetic="$out/$name"
-final="$name-w$real_weight"
+variant=
 if [ -n "$filter" ]; then
     train_baseline "$@"
     synthetic="$out/$name-f$filter"
-    final="$name-f$filter-w$real_weight"
+    variant="-f$filter"
     if [ ! -f "$synthetic/manifest.json" ]; then
         log "filtering $out/$name: the best $filter by dual conditional cross-entropy"
         nmt-filter "$out/$name" --forward "$out/baseline/checkpoint_last.pt" \
@@ -237,13 +259,26 @@ if [ -n "$filter" ]; then
             --scores "$out/$name.dcce" > "$out/$name-f$filter.log"
     fi
 fi
+subsets="train,$synthetic/train"
+blend="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
+if [ -n "$forward" ]; then
+    # The English captions forward-translated: real source, synthetic target, no tag.
+    monolingual en "$out/mono-en-$captions"
+    read -r -a forward_model <<< "$(en_de_model "$forward" "$forward_sum")"
+    forward_name="ft-c$captions$([ "$ct2" = 1 ] && echo -ct2)"
+    generate "$out/mono-en-$captions" "$forward_name" "${forward_model[@]}" --beam 5 \
+        --synthetic-side target
+    echo "$forward_sum" > "$out/forward.sha256"
+    subsets="$subsets,$out/$forward_name/train"
+    blend="$(python3 -c "w = $real_weight; s = round((1 - w) / 2, 6); print(f'{w},{s},{s}')")"
+    variant="$variant-ft"
+fi
+final="$name$variant-w$real_weight"
 train_final() {
     if [ ! -f "$out/$final.done" ]; then
-        log "training en->de on real + $synthetic for $minutes min"
-        local blend
-        blend="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
+        log "training en->de on $subsets for $minutes min"
         echo "$model_flags" > "$out/en-de.flags"
-        train "$minutes" "$out/data" "$out/$final" --train-subsets "train,$synthetic/train" \
+        train "$minutes" "$out/data" "$out/$final" --train-subsets "$subsets" \
             --subset-weights "$blend" "$@"
         touch "$out/$final.done"
     fi

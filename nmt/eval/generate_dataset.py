@@ -1,5 +1,7 @@
 """Back-translation into a dataset: a monolingual split translated by a reverse model becomes a
 parallel nmt dataset (synthetic source, real target, the same vocabulary), blended like any other.
+With ``--synthetic-side target`` the translation is the target instead (forward translation, or
+self-training: a forward model's output on in-domain source text).
 
 Resumable and sharded by fixed chunks: the split is cut into chunks of ``chunk_sentences``
 sentences (never derived from the number of ranks); chunk i is translated with its own seed,
@@ -68,6 +70,11 @@ class GenerationOptions:
     max_len_ratio: float  # 0: off
     tag_source: bool
     source_noise: bool
+    synthetic_side: str = "source"  # "target": forward translation
+
+
+# The manifest's record of how the dataset was generated, under a name saying which way it went.
+IDENTITY_KEYS = {"source": "back_translation", "target": "forward_translation"}
 
 
 @dataclass(frozen=True)
@@ -205,7 +212,12 @@ def _identity(
             ),
         },
         "search": to_dict(cfg),
-        "generation": to_dict(options),
+        # back-translations made before --synthetic-side existed stay complete without it
+        "generation": {
+            k: v
+            for k, v in to_dict(options).items()
+            if (k, v) != ("synthetic_side", "source")
+        },
     }
 
 
@@ -229,7 +241,7 @@ def check_model(translator: Translator, model: ModelInfo, source: Manifest) -> N
     if model.source_lang != source.source_lang:
         raise ValueError(
             f"--path {model.path}: translates {model.source_lang}->{model.target_lang}, but "
-            f"{source.directory} holds {source.source_lang} text; back-translation needs a "
+            f"{source.directory} holds {source.source_lang} text; --output-dataset needs a "
             f"{source.source_lang}->X model"
         )
     spm_path = source.path(source.spm.src_model)
@@ -294,6 +306,7 @@ def generate_dataset(
         if barrier is not None:
             barrier()  # every rank has checked the options before any writes a chunk
         tag_id = translator.tgt_spm.tags[BT_TAG] if options.tag_source else None
+        verb = "back-translate" if options.synthetic_side == "source" else "forward-translate"
         starts = word_starts(translator.tgt_spm) if options.source_noise else None
         num_chunks = -(-len(corpus) // options.chunk_sentences)
         mine = range(rank, num_chunks, world_size)
@@ -308,7 +321,7 @@ def generate_dataset(
             total=sum(sizes),
             initial=done_sentences,
             unit="sent",
-            desc="back-translate",
+            desc=verb,
             disable=rank != 0,
             mininterval=1.0,
             dynamic_ncols=True,
@@ -333,8 +346,9 @@ def generate_dataset(
                 bar.update(len(sources))
         elapsed = time.perf_counter() - started
         logger.info(
-            "rank %d back-translated %d sentences in %.1fs: %.1f sentences/s",
+            "rank %d %sd %d sentences in %.1fs: %.1f sentences/s",
             rank,
+            verb,
             translated,
             elapsed,
             translated / max(elapsed, 1e-9),
@@ -376,12 +390,12 @@ def _finished(destdir: str, identity: dict[str, Any]) -> Manifest | None:
     if not os.path.isfile(os.path.join(destdir, MANIFEST_NAME)):
         return None
     manifest = load_manifest(destdir)
-    found = manifest.config.get("back_translation")
+    found = next((manifest.config[k] for k in IDENTITY_KEYS.values() if k in manifest.config), None)
     if found is None:
         return None  # not ours: check_destination decides
     if found != identity:
         raise ValueError(
-            f"{destdir}: back-translated with other options or another model "
+            f"{destdir}: translated with other options or another model "
             f"({_describe_difference(found, identity)}); choose another --output-dataset"
         )
     return manifest
@@ -403,7 +417,7 @@ def _claim_chunk_dir(chunk_dir: str, identity: dict[str, Any]) -> None:
         raise ValueError(f"{path}: unreadable; remove {chunk_dir} to start over") from None
     if found != identity:
         raise ValueError(
-            f"{chunk_dir}: a back-translation with other options or another model was begun here "
+            f"{chunk_dir}: a translation with other options or another model was begun here "
             f"({_describe_difference(found, identity)}); rerun it as it was, or remove {chunk_dir}"
         )
 
@@ -420,9 +434,10 @@ def _assemble(
     options: GenerationOptions,
     tag_id: int | None,
 ) -> Manifest:
-    """The chunks, in order, as a dataset: the synthetic source beside the real target (copied:
-    the dataset stands alone), their raw line numbers, the counts of what was left out."""
+    """The chunks, in order, as a dataset: the synthetic side beside the real one (copied: the
+    dataset stands alone), their raw line numbers, the counts of what was left out."""
     line_numbers = np.asarray(corpus.line_numbers)
+    forward = options.synthetic_side == "target"
 
     def fill(writer: TrainSplitWriter) -> SplitEntry:
         filtered = {EMPTY: 0, RATIO: 0}
@@ -435,10 +450,10 @@ def _assemble(
             filtered[EMPTY] += int((lengths == -1).sum())
             filtered[RATIO] += int((lengths == -2).sum())
             synthetic = np.split(chunk[1 + count :], np.cumsum(lengths[kept])[:-1])
+            synthetic = synthetic if len(kept) else []
+            real = [corpus.tgt[first + int(i)] for i in kept]
             writer.add(
-                synthetic if len(kept) else [],
-                [corpus.tgt[first + int(i)] for i in kept],
-                line_numbers[first + kept],
+                *((real, synthetic) if forward else (synthetic, real)), line_numbers[first + kept]
             )
         return writer.finish(
             num_lines=source.split(options.split).num_lines,
@@ -449,11 +464,13 @@ def _assemble(
     manifest = write_derived_dataset(
         source,
         target,
-        langs=(model.target_lang, source.source_lang),
+        langs=(source.source_lang, model.target_lang)
+        if forward
+        else (model.target_lang, source.source_lang),
         fill=fill,
         config={
-            "back_translation": identity,
-            "synthetic_side": "source",
+            IDENTITY_KEYS[options.synthetic_side]: identity,
+            "synthetic_side": options.synthetic_side,
             "source_tag": BT_TAG if tag_id is not None else None,
         },
     )

@@ -331,3 +331,32 @@ def test_source_noise_drops_blanks_and_shuffles_whole_words_only():
         again = add_noise(tokens, starts=starts, rng=np.random.default_rng(seed))
         assert np.array_equal(noised, again)  # a function of the seed
     assert len(seen) > 5  # drops, blanks and swaps all happen
+
+
+def test_forward_translation_keeps_the_real_text_as_source(tiny, mono, tmp_path, capsys):
+    """--synthetic-side target: the monolingual text stays the source, its translation becomes the
+    target, untagged (self-training data for the model's own direction)."""
+    forward, back = tmp_path / "ft", tmp_path / "bt"
+    assert eval_main(_bt_args(tiny, mono, forward, "--beam", "2", "--synthetic-side", "target")) == 0
+    assert eval_main(_bt_args(tiny, mono, back, "--beam", "2")) == 0
+    manifest = load_manifest(str(forward))
+    assert (manifest.source_lang, manifest.target_lang) == ("en", "de")
+    assert manifest.config["synthetic_side"] == "target"
+    assert manifest.config["source_tag"] is None
+    assert "forward_translation" in manifest.config and "back_translation" not in manifest.config
+    # the same translations as back-translation with the same search, the sides turned round
+    ft_corpus, bt_corpus = ParallelCorpus(str(forward), "train"), ParallelCorpus(str(back), "train")
+    assert len(ft_corpus) == len(bt_corpus) > 0
+    assert np.array_equal(ft_corpus.line_numbers, bt_corpus.line_numbers)
+    for i in range(len(ft_corpus)):
+        assert np.array_equal(ft_corpus.src[i], bt_corpus.tgt[i])
+        assert np.array_equal(ft_corpus.tgt[i], bt_corpus.src[i])
+    capsys.readouterr()
+    # back-translation into the forward dataset: other options, one line
+    assert eval_main(_bt_args(tiny, mono, forward, "--beam", "2")) == 1
+    _one_error_line(capsys.readouterr().err, "other options", "generation")
+    # a tag or noise would mark the real source as synthetic
+    for flag in ("--tag-source", "--source-noise"):
+        assert eval_main(_bt_args(tiny, mono, tmp_path / "x", "--synthetic-side", "target", flag)) != 0
+        _one_error_line(capsys.readouterr().err, flag, "the source is the real text")
+    assert not (tmp_path / "x").exists()
