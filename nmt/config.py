@@ -1197,7 +1197,9 @@ class EvalIOConfig:
             for name in ("tag_source", "source_noise"):
                 _require(not getattr(self, name), name, "only applies with --output-dataset")
             _require(
-                self.synthetic_side == "source", "synthetic_side", "only applies with --output-dataset"
+                self.synthetic_side == "source",
+                "synthetic_side",
+                "only applies with --output-dataset",
             )
             return
         if self.synthetic_side == "target":

@@ -201,7 +201,9 @@ def test_bt_recipe_blends_forward_translated_english_captions(tmp_path):
     )
     assert scoring.startswith(f"{out}/data --path {out}/bt-sample-tagged-c1-ft-w0.4/")
     assert (out / "forward.sha256").read_text().split() == [
-        subprocess.run(["sha256sum", str(teacher)], capture_output=True, text=True).stdout.split()[0]
+        subprocess.run(["sha256sum", str(teacher)], capture_output=True, text=True).stdout.split()[
+            0
+        ]
     ]
 
 

@@ -265,7 +265,8 @@ if [ -n "$forward" ]; then
     # The English captions forward-translated: real source, synthetic target, no tag.
     monolingual en "$out/mono-en-$captions"
     read -r -a forward_model <<< "$(en_de_model "$forward" "$forward_sum")"
-    forward_name="ft-c$captions$([ "$ct2" = 1 ] && echo -ct2)"
+    forward_name="ft-c$captions"
+    if [ "$ct2" = 1 ]; then forward_name="$forward_name-ct2"; fi
     generate "$out/mono-en-$captions" "$forward_name" "${forward_model[@]}" --beam 5 \
         --synthetic-side target
     echo "$forward_sum" > "$out/forward.sha256"

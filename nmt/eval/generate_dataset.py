@@ -214,9 +214,7 @@ def _identity(
         "search": to_dict(cfg),
         # back-translations made before --synthetic-side existed stay complete without it
         "generation": {
-            k: v
-            for k, v in to_dict(options).items()
-            if (k, v) != ("synthetic_side", "source")
+            k: v for k, v in to_dict(options).items() if (k, v) != ("synthetic_side", "source")
         },
     }
 

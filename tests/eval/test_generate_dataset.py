@@ -337,7 +337,9 @@ def test_forward_translation_keeps_the_real_text_as_source(tiny, mono, tmp_path,
     """--synthetic-side target: the monolingual text stays the source, its translation becomes the
     target, untagged (self-training data for the model's own direction)."""
     forward, back = tmp_path / "ft", tmp_path / "bt"
-    assert eval_main(_bt_args(tiny, mono, forward, "--beam", "2", "--synthetic-side", "target")) == 0
+    assert (
+        eval_main(_bt_args(tiny, mono, forward, "--beam", "2", "--synthetic-side", "target")) == 0
+    )
     assert eval_main(_bt_args(tiny, mono, back, "--beam", "2")) == 0
     manifest = load_manifest(str(forward))
     assert (manifest.source_lang, manifest.target_lang) == ("en", "de")
@@ -357,6 +359,8 @@ def test_forward_translation_keeps_the_real_text_as_source(tiny, mono, tmp_path,
     _one_error_line(capsys.readouterr().err, "other options", "generation")
     # a tag or noise would mark the real source as synthetic
     for flag in ("--tag-source", "--source-noise"):
-        assert eval_main(_bt_args(tiny, mono, tmp_path / "x", "--synthetic-side", "target", flag)) != 0
+        assert (
+            eval_main(_bt_args(tiny, mono, tmp_path / "x", "--synthetic-side", "target", flag)) != 0
+        )
         _one_error_line(capsys.readouterr().err, flag, "the source is the real text")
     assert not (tmp_path / "x").exists()
