@@ -364,3 +364,8 @@ def test_forward_translation_keeps_the_real_text_as_source(tiny, mono, tmp_path,
         )
         _one_error_line(capsys.readouterr().err, flag, "the source is the real text")
     assert not (tmp_path / "x").exists()
+    # without --output-dataset there is no side to choose
+    assert eval_main([mono, "--path", tiny.checkpoint, "--synthetic-side", "target", "--cpu"]) != 0
+    _one_error_line(
+        capsys.readouterr().err, "--synthetic-side", "only applies with --output-dataset"
+    )
