@@ -44,10 +44,14 @@ def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
     return bin_dir
 
 
-def _bt_out_dir(tmp_path: pathlib.Path) -> pathlib.Path:
-    """An output directory whose datasets, reverse model and back-translation exist (skipped)."""
+def _bt_out_dir(tmp_path: pathlib.Path, *, english: bool = False) -> pathlib.Path:
+    """An output directory whose datasets, reverse model and back-translation exist (skipped);
+    ``english``: the English captions' monolingual dataset too."""
     out = tmp_path / "out"
-    for dataset in ("data", "data-de-en", "mono-1", "bt-sample-tagged-c1"):
+    datasets = ["data", "data-de-en", "mono-1", "bt-sample-tagged-c1"]
+    if english:
+        datasets.append("mono-en-1")
+    for dataset in datasets:
         (out / dataset).mkdir(parents=True)
         (out / dataset / "manifest.json").write_text("{}")
     (out / "de-en").mkdir()
@@ -121,9 +125,7 @@ def test_bt_recipe_lets_flags_change_after_nmt_train_refused_them(tmp_path):
 
 
 def test_bt_recipe_back_translates_iteratively_with_an_en_de_model(tmp_path):
-    out = _bt_out_dir(tmp_path)
-    (out / "mono-en-1").mkdir()
-    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    out = _bt_out_dir(tmp_path, english=True)
     teacher = tmp_path / "en-de.pt"
     teacher.write_text("")
 
@@ -165,9 +167,7 @@ def test_bt_recipe_refuses_a_missing_en_de_model(tmp_path, option):
 
 @EN_DE_MODEL_OPTIONS
 def test_bt_recipe_refuses_another_en_de_model_over_the_same_out(tmp_path, option):
-    out = _bt_out_dir(tmp_path)
-    (out / "mono-en-1").mkdir()
-    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    out = _bt_out_dir(tmp_path, english=True)
     first, second = tmp_path / "first.pt", tmp_path / "second.pt"
     first.write_text("one model")
     second.write_text("another model")
@@ -182,9 +182,7 @@ def test_bt_recipe_refuses_another_en_de_model_over_the_same_out(tmp_path, optio
 
 
 def test_bt_recipe_blends_forward_translated_english_captions(tmp_path):
-    out = _bt_out_dir(tmp_path)
-    (out / "mono-en-1").mkdir()
-    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    out = _bt_out_dir(tmp_path, english=True)
     teacher = tmp_path / "en-de.pt"
     teacher.write_text("")
 
@@ -208,9 +206,7 @@ def test_bt_recipe_blends_forward_translated_english_captions(tmp_path):
 
 
 def test_bt_recipe_takes_another_reverse_bt_model_after_one_was_refused(tmp_path):
-    out = _bt_out_dir(tmp_path)
-    (out / "mono-en-1").mkdir()
-    (out / "mono-en-1" / "manifest.json").write_text("{}")
+    out = _bt_out_dir(tmp_path, english=True)
     wrong, right = tmp_path / "wrong-de-en.pt", tmp_path / "en-de.pt"
     wrong.write_text("a de->en model")
     right.write_text("an en->de model")
