@@ -13,11 +13,18 @@ BT_RECIPE = ROOT / "examples" / "multi30k-bt" / "run.sh"
 
 def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
     """nmt-train records its arguments and leaves a checkpoint in --save-dir (it refuses
-    --bad-flag, as nmt-train refuses an unknown option)."""
+    --bad-flag, as nmt-train refuses an unknown option). Each stub refuses a dataset or model
+    path that does not exist, as the real commands do: a path split at a space fails."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
+    exists = (
+        'missing() { echo "$0: no such path: $1" >&2; exit 3; }\n'
+        '[ -e "$1" ] || missing "$1"\n'
+        'for arg in "$@"; do [ "$previous" = --path ] && { [ -e "$arg" ] || missing "$arg"; }; '
+        'previous="$arg"; done\n'
+    )
     (bin_dir / "nmt-train").write_text(
-        f'#!/bin/sh\necho "$@" >> {tmp_path}/train-calls\n'
+        f"#!/bin/sh\n{exists}echo \"$@\" >> '{tmp_path}/train-calls'\n"
         'case " $* " in *" --bad-flag "*) exit 2 ;; esac\n'
         "while [ $# -gt 0 ]; do\n"
         '    [ "$1" = --save-dir ] && mkdir -p "$2" && touch "$2/checkpoint_last.pt"\n'
@@ -28,7 +35,7 @@ def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
     # nmt-eval writes --output-dataset (a back-translation) and fails otherwise (the scoring), or
     # for a --path named *wrong*.
     (bin_dir / "nmt-eval").write_text(
-        f'#!/bin/sh\necho "$@" >> {tmp_path}/eval-calls\n'
+        f"#!/bin/sh\n{exists}echo \"$@\" >> '{tmp_path}/eval-calls'\n"
         'case " $* " in *" --path "*wrong*) exit 1 ;; esac\n'  # a model nmt-eval refuses
         "while [ $# -gt 0 ]; do\n"
         '    if [ "$1" = --output-dataset ]; then\n'
@@ -38,6 +45,11 @@ def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
         "    shift\n"
         "done\n"
         "exit 1\n"
+    )
+    # nmt-export CHECKPOINT --quantization int8 --output-dir DIR --force
+    (bin_dir / "nmt-export").write_text(
+        f"#!/bin/sh\n{exists}echo \"$@\" >> '{tmp_path}/export-calls'\n"
+        'mkdir -p "$5" && touch "$5/model.bin"\n'
     )
     for script in bin_dir.iterdir():
         script.chmod(0o755)
@@ -203,6 +215,46 @@ def test_bt_recipe_blends_forward_translated_english_captions(tmp_path):
             0
         ]
     ]
+
+
+def test_bt_recipe_takes_paths_with_spaces(tmp_path):
+    base = tmp_path / "my runs"
+    base.mkdir()
+    out = _bt_out_dir(base, english=True)
+    teacher = base / "en-de model.pt"
+    teacher.write_text("")
+
+    result = _run_bt_recipe(
+        base,
+        "--baseline",
+        "--ct2",
+        "--reverse-bt",
+        str(teacher),
+        "--forward-translate",
+        str(teacher),
+    )
+
+    assert "no such path" not in result.stderr, result.stderr
+    exports = (base / "export-calls").read_text().splitlines()
+    assert [call.split(" --quantization")[0] for call in exports] == [
+        str(teacher),  # once: the export serves both the back- and the forward translation
+        f"{out}/de-en-ibt/checkpoint_last.pt",
+    ]
+    evals = (base / "eval-calls").read_text().splitlines()
+    assert len(evals) == 4, evals  # English BT, German BT, the forward translation, the scoring
+    assert evals[-1].startswith(f"{out}/data --path {out}/baseline/checkpoint_last.pt ")
+    assert (base / "train-calls").read_text().count("--save-dir") == 3  # de->en, baseline, final
+
+
+def test_bt_recipe_without_the_tag(tmp_path):
+    out = _bt_out_dir(tmp_path)
+
+    _run_bt_recipe(tmp_path, "--no-tag")
+
+    back_translation, scoring = (tmp_path / "eval-calls").read_text().splitlines()
+    assert f"--output-dataset {out}/bt-sample-c1 " in back_translation
+    assert "--tag-source" not in back_translation
+    assert scoring.startswith(f"{out}/data --path {out}/bt-sample-c1-w0.5/")
 
 
 def test_bt_recipe_takes_another_reverse_bt_model_after_one_was_refused(tmp_path):

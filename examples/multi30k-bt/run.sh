@@ -126,18 +126,25 @@ train() {  # MINUTES DATA SAVE_DIR [flags]: nmt-train's defaults (the Multi30k r
         --save-interval-updates 50 --keep-interval-updates 10 --log-file "$save.log" "$@" > /dev/null
 }
 
-weights() {  # MINUTES SAVE_DIR: the --path flags of the model a run of MINUTES is scored with
+# The functions that name a model set the array their first argument names to its flags (arrays,
+# not echoed words: a path may hold spaces).
+weights() {  # ARRAY MINUTES SAVE_DIR: the --path flags of the model a run of MINUTES is scored with
+    local -n weights_flags="$1"
     local count="$average_last"
     if [ -z "$count" ]; then
         count=1
-        if python3 -c "import sys; sys.exit(not $1 >= 20)"; then count=5; fi
+        if python3 -c "import sys; sys.exit(not $2 >= 20)"; then count=5; fi
     fi
-    if [ "$count" -gt 1 ]; then echo "--path $2 --average-last $count"; else echo "--path $2/checkpoint_last.pt"; fi
+    if [ "$count" -gt 1 ]; then
+        weights_flags=(--path "$3" --average-last "$count")
+    else
+        weights_flags=(--path "$3/checkpoint_last.pt")
+    fi
 }
 
 score() {  # NAME: test_2016_flickr, beam 5, cased sacreBLEU and chrF2 into scores.tsv
     local name="$1" checkpoints
-    read -r -a checkpoints <<< "$(weights "$minutes" "$out/$name")"
+    weights checkpoints "$minutes" "$out/$name"
     nmt-eval "$out/data" "${checkpoints[@]}" --split test --beam 5 --output "$out/$name.test.de" \
         > "$out/$name.scores"
     local bleu chrf
@@ -196,22 +203,30 @@ generate() {  # MONO NAME FLAGS...: MONO translated into the dataset DIR/NAME (r
 back_translate() {  # MONO NAME MODEL...: MONO back-translated into DIR/NAME with the --bt search
     generate "$@" "${search[@]}" "${tagging[@]}"
 }
-exported() {  # DIR CHECKPOINTS: the --path flags of CHECKPOINTS (a,b,c: averaged), exported to DIR
-    if [ ! -f "$1/model.bin" ]; then
-        nmt-export "$2" --quantization int8 --output-dir "$1" --force > /dev/null
+exported() {  # ARRAY DIR CHECKPOINTS: the --path flags of CHECKPOINTS (a,b,c: averaged), exported to DIR
+    local -n exported_flags="$1"
+    if [ ! -f "$2/model.bin" ]; then
+        nmt-export "$3" --quantization int8 --output-dir "$2" --force > /dev/null
     fi
-    echo "--path $1"
+    exported_flags=(--path "$2")
 }
-en_de_model() {  # MODEL SHA256: the --path flags an en->de checkpoint translates with (--ct2: its export)
-    if [ "$ct2" = 1 ]; then exported "$out/en-de-${2:0:16}-ct2" "$1"; else echo "--path $1"; fi
+en_de_model() {  # ARRAY MODEL SHA256: the --path flags an en->de checkpoint translates with (--ct2: its export)
+    if [ "$ct2" = 1 ]; then
+        exported "$1" "$out/en-de-${3:0:16}-ct2" "$2"
+    else
+        local -n en_de_flags="$1"
+        en_de_flags=(--path "$2")
+    fi
 }
-name="bt-$bt$([ "$tag" = 1 ] && echo -tagged)-c$captions"
+# (not "$([ "$tag" = 1 ] && echo -tagged)": with --no-tag that substitution fails, and set -e stops)
+name="bt-$bt-c$captions"
+if [ "$tag" = 1 ]; then name="bt-$bt-tagged-c$captions"; fi
 reverse_dir="$out/de-en"
 reverse_data=()
 if [ -n "$reverse_bt" ]; then
     # The English captions back-translated by an en->de model: the de->en model's synthetic data.
     monolingual en "$out/mono-en-$captions"
-    read -r -a teacher <<< "$(en_de_model "$reverse_bt" "$teacher_sum")"
+    en_de_model teacher "$reverse_bt" "$teacher_sum"
     back_translate "$out/mono-en-$captions" "en-$name" "${teacher[@]}"
     echo "$teacher_sum" > "$out/reverse-bt.sha256"
     reverse_data=(--train-subsets "train,$out/en-$name/train" --subset-weights 0.5,0.5)
@@ -226,14 +241,14 @@ if [ ! -f "$reverse_dir/checkpoint_last.pt" ] || [ ! -f "$reverse_dir.done" ]; t
     train "$reverse_minutes" "$out/data-de-en" "$reverse_dir" "${reverse_data[@]}" "${flags[@]}"
     touch "$reverse_dir.done"
 fi
-read -r -a reverse <<< "$(weights "$reverse_minutes" "$reverse_dir")"
+weights reverse "$reverse_minutes" "$reverse_dir"
 if [ "$ct2" = 1 ]; then
     name="$name-ct2"
     checkpoint="$reverse_dir/checkpoint_last.pt"
     if [ "${#reverse[@]}" -gt 2 ]; then
         checkpoint=$(python3 -c "import sys; from nmt.checkpoint_io import last_checkpoints; print(','.join(last_checkpoints(sys.argv[1], int(sys.argv[2]))))" "$reverse_dir" "${reverse[3]}")
     fi
-    read -r -a reverse <<< "$(exported "$reverse_dir-ct2" "$checkpoint")"
+    exported reverse "$reverse_dir-ct2" "$checkpoint"
 fi
 back_translate "$mono" "$name" "${reverse[@]}"
 
@@ -264,7 +279,7 @@ blend="$real_weight,$(python3 -c "print(round(1 - $real_weight, 6))")"
 if [ -n "$forward" ]; then
     # The English captions forward-translated: real source, synthetic target, no tag.
     monolingual en "$out/mono-en-$captions"
-    read -r -a forward_model <<< "$(en_de_model "$forward" "$forward_sum")"
+    en_de_model forward_model "$forward" "$forward_sum"
     forward_name="ft-c$captions"
     if [ "$ct2" = 1 ]; then forward_name="$forward_name-ct2"; fi
     generate "$out/mono-en-$captions" "$forward_name" "${forward_model[@]}" --beam 5 \

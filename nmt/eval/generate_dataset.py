@@ -219,6 +219,15 @@ def _identity(
     }
 
 
+def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
+    """``identity`` less the input dataset's path where its token checksums name its content: the
+    same dataset reached through a link or after a move is the same input."""
+    inputs = identity.get("input")
+    if not isinstance(inputs, dict) or not inputs.get("tokens") or "?" in inputs["tokens"]:
+        return identity
+    return {**identity, "input": {k: v for k, v in inputs.items() if k != "dataset"}}
+
+
 def _describe_difference(found: dict[str, Any], wanted: dict[str, Any]) -> str:
     keys = []
     for key in sorted(set(found) | set(wanted)):
@@ -391,10 +400,11 @@ def _finished(destdir: str, identity: dict[str, Any]) -> Manifest | None:
     found = next((manifest.config[k] for k in IDENTITY_KEYS.values() if k in manifest.config), None)
     if found is None:
         return None  # not ours: check_destination decides
-    if found != identity:
+    if _comparable(found) != _comparable(identity):
         raise ValueError(
             f"{destdir}: translated with other options or another model "
-            f"({_describe_difference(found, identity)}); choose another --output-dataset"
+            f"({_describe_difference(_comparable(found), _comparable(identity))}); "
+            "choose another --output-dataset"
         )
     return manifest
 
@@ -413,10 +423,11 @@ def _claim_chunk_dir(chunk_dir: str, identity: dict[str, Any]) -> None:
         raise describe_os_error(error, error.filename or chunk_dir) from None
     except json.JSONDecodeError:
         raise ValueError(f"{path}: unreadable; remove {chunk_dir} to start over") from None
-    if found != identity:
+    if _comparable(found) != _comparable(identity):
+        difference = _describe_difference(_comparable(found), _comparable(identity))
         raise ValueError(
             f"{chunk_dir}: a translation with other options or another model was begun here "
-            f"({_describe_difference(found, identity)}); rerun it as it was, or remove {chunk_dir}"
+            f"({difference}); rerun it as it was, or remove {chunk_dir}"
         )
 
 

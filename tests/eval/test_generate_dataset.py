@@ -7,7 +7,9 @@ synthetic sources only, and an exported CTranslate2 model as --path.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,6 +157,49 @@ def test_rerun_of_a_finished_dataset_changes_nothing(tiny, mono, reference_run, 
         assert eval_main(_bt_args(tiny, mono, reference_run, *SAMPLED, "--tag-source")) == 0
     assert "already complete" in caplog.text
     assert _files(reference_run) == before
+
+
+def test_the_same_dataset_through_a_link_or_moved_is_the_same_input(
+    tiny, mono, reference_run, tmp_path, caplog, capsys
+):
+    linked, moved = tmp_path / "linked", tmp_path / "moved"
+    linked.symlink_to(mono)
+    shutil.copytree(mono, moved)
+    before = _files(reference_run)
+    for other_path in (linked, moved):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="nmt.eval"):
+            args = _bt_args(tiny, str(other_path), reference_run, *SAMPLED, "--tag-source")
+            assert eval_main(args) == 0
+        assert "already complete" in caplog.text
+    assert _files(reference_run) == before
+    # a run begun through the original path goes on through the moved one
+    out, chunks = tmp_path / "bt", tmp_path / ".bt.chunks"
+    chunks.mkdir()
+    begun = load_manifest(reference_run).config["back_translation"]
+    (chunks / "options.json").write_text(json.dumps(begun))
+    assert eval_main(_bt_args(tiny, str(moved), out, *SAMPLED, "--tag-source")) == 0
+    written = _files(str(out))
+    assert written.pop("manifest.json") and written == {
+        k: v for k, v in before.items() if k != "manifest.json"
+    }
+    # other text is another input, wherever it lies
+    (tmp_path / "other.en").write_text("a dog runs .\n", encoding="utf-8")
+    spm = os.path.join(tiny.data_dir, "spm.model")
+    other = [
+        "--only-source",
+        "-s",
+        "en",
+        "--trainpref",
+        str(tmp_path / "other"),
+        "--spm-model",
+        spm,
+    ]
+    assert preprocess_main([*other, "--destdir", str(tmp_path / "o"), "--workers", "1"]) == 0
+    capsys.readouterr()
+    args = _bt_args(tiny, str(tmp_path / "o"), reference_run, *SAMPLED, "--tag-source")
+    assert eval_main(args) == 1
+    _one_error_line(capsys.readouterr().err, "other options", "input.tokens")
 
 
 def test_refusals_are_one_line(tiny, mono, reference_run, tmp_path, capsys):
