@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -120,6 +121,36 @@ def test_bt_recipe_refuses_flags_over_models_trained_before_the_record(tmp_path)
     assert result.returncode == 2
     assert "trained with [no flags] after --, not [--dropout 0.3]" in result.stderr
     assert not (tmp_path / "train-calls").exists()
+
+
+def test_bt_recipe_refuses_other_budgets_and_de_en_flags_over_trained_models(tmp_path):
+    out = _bt_out_dir(tmp_path)
+    shutil.rmtree(out / "de-en")  # the recipe trains de->en, and records how
+    (out / "de-en.done").unlink()
+    _run_bt_recipe(tmp_path, "--baseline")
+    calls_before = (tmp_path / "train-calls").read_text()
+    assert calls_before.count("--save-dir") == 3
+
+    for other, wanted in [
+        (
+            ["--minutes", "2"],
+            "the en->de models in {out}: trained with --minutes 1, not --minutes 2",
+        ),
+        (
+            ["--reverse-minutes", "2"],
+            "the de->en model in {out}: trained with --reverse-minutes 1 --reverse-flags [], "
+            "not --reverse-minutes 2 --reverse-flags []",
+        ),
+        (
+            ["--reverse-flags", "--lr-scheduler cosine"],
+            "trained with --reverse-minutes 1 --reverse-flags [], "
+            "not --reverse-minutes 1 --reverse-flags [--lr-scheduler cosine]",
+        ),
+    ]:
+        result = _run_bt_recipe(tmp_path, "--baseline", *other)
+        assert result.returncode == 2, result.stderr
+        assert wanted.format(out=out) in result.stderr and "use another --out" in result.stderr
+    assert (tmp_path / "train-calls").read_text() == calls_before  # nothing trained again
 
 
 def test_bt_recipe_lets_flags_change_after_nmt_train_refused_them(tmp_path):

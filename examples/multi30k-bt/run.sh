@@ -33,7 +33,9 @@
 #   comparison stays equal), not to the de->en model; e.g. -- --encoder-embed-dim 192 ...
 # The model the script scored last is left at DIR/model.pt; every score in DIR/scores.tsv. Steps
 # whose output exists are skipped, so variants run one after another reuse the de->en model, the
-# back-translation and the baseline. Run from the repository root inside the virtual environment.
+# back-translation and the baseline (another --minutes, --reverse-minutes, --reverse-flags or flags
+# after -- over a DIR with trained models is refused). Run from the repository root inside the
+# virtual environment.
 set -euo pipefail
 
 usage() { sed -n '5p' "$0" | sed 's/^#  *//' >&2; exit 2; }
@@ -117,6 +119,23 @@ if [ -n "$reverse_bt" ]; then
 fi
 if [ -n "$forward" ]; then
     forward_sum="$(model_sum --forward-translate "$forward" "$out/forward.sha256")"
+fi
+# The training budgets likewise, and the de->en model's flags: another --minutes, --reverse-minutes
+# or --reverse-flags over the same DIR would silently reuse the models. Models trained before these
+# records existed are taken as they are.
+refuse_other() {  # MODELS RECORD SETTINGS: exits when RECORD, written as MODELS began, holds others
+    if [ -f "$2" ] && [ "$(cat "$2")" != "$3" ]; then
+        echo "examples/multi30k-bt/run.sh: $1 in $out: trained with $(cat "$2"), not $3:" \
+            "use another --out" >&2
+        exit 2
+    fi
+}
+if [ "$trained" = 1 ]; then refuse_other "the en->de models" "$out/en-de.minutes" "--minutes $minutes"; fi
+reverse_dir="$out/de-en"
+if [ -n "$reverse_bt" ]; then reverse_dir="$out/de-en-ibt"; fi
+reverse_record="--reverse-minutes $reverse_minutes --reverse-flags [$reverse_flags]"
+if [ -f "$reverse_dir/checkpoint_last.pt" ]; then
+    refuse_other "the de->en model" "$reverse_dir.flags" "$reverse_record"
 fi
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 
@@ -221,7 +240,6 @@ en_de_model() {  # ARRAY MODEL SHA256: the --path flags an en->de checkpoint tra
 # (not "$([ "$tag" = 1 ] && echo -tagged)": with --no-tag that substitution fails, and set -e stops)
 name="bt-$bt-c$captions"
 if [ "$tag" = 1 ]; then name="bt-$bt-tagged-c$captions"; fi
-reverse_dir="$out/de-en"
 reverse_data=()
 if [ -n "$reverse_bt" ]; then
     # The English captions back-translated by an en->de model: the de->en model's synthetic data.
@@ -230,7 +248,6 @@ if [ -n "$reverse_bt" ]; then
     back_translate "$out/mono-en-$captions" "en-$name" "${teacher[@]}"
     echo "$teacher_sum" > "$out/reverse-bt.sha256"
     reverse_data=(--train-subsets "train,$out/en-$name/train" --subset-weights 0.5,0.5)
-    reverse_dir="$out/de-en-ibt"
     name="$name-ibt"
 fi
 
@@ -238,6 +255,7 @@ fi
 if [ ! -f "$reverse_dir/checkpoint_last.pt" ] || [ ! -f "$reverse_dir.done" ]; then
     log "training de->en for $reverse_minutes min"
     read -r -a flags <<< "$reverse_flags"
+    echo "$reverse_record" > "$reverse_dir.flags"
     train "$reverse_minutes" "$out/data-de-en" "$reverse_dir" "${reverse_data[@]}" "${flags[@]}"
     touch "$reverse_dir.done"
 fi
@@ -256,6 +274,7 @@ train_baseline() {
     if [ ! -f "$out/baseline.done" ]; then
         log "training the baseline en->de (real pairs) for $minutes min"
         echo "$model_flags" > "$out/en-de.flags"
+        echo "--minutes $minutes" > "$out/en-de.minutes"
         train "$minutes" "$out/data" "$out/baseline" "$@"
         touch "$out/baseline.done"
     fi
@@ -294,6 +313,7 @@ train_final() {
     if [ ! -f "$out/$final.done" ]; then
         log "training en->de on $subsets for $minutes min"
         echo "$model_flags" > "$out/en-de.flags"
+        echo "--minutes $minutes" > "$out/en-de.minutes"
         train "$minutes" "$out/data" "$out/$final" --train-subsets "$subsets" \
             --subset-weights "$blend" "$@"
         touch "$out/$final.done"
