@@ -270,11 +270,14 @@ if [ "$ct2" = 1 ]; then
 fi
 back_translate "$mono" "$name" "${reverse[@]}"
 
+record_en_de() {  # what the en->de models train with, for the checks at the top
+    echo "$model_flags" > "$out/en-de.flags"
+    echo "--minutes $minutes" > "$out/en-de.minutes"
+}
 train_baseline() {
     if [ ! -f "$out/baseline.done" ]; then
         log "training the baseline en->de (real pairs) for $minutes min"
-        echo "$model_flags" > "$out/en-de.flags"
-        echo "--minutes $minutes" > "$out/en-de.minutes"
+        record_en_de
         train "$minutes" "$out/data" "$out/baseline" "$@"
         touch "$out/baseline.done"
     fi
@@ -312,8 +315,7 @@ final="$name$variant-w$real_weight"
 train_final() {
     if [ ! -f "$out/$final.done" ]; then
         log "training en->de on $subsets for $minutes min"
-        echo "$model_flags" > "$out/en-de.flags"
-        echo "--minutes $minutes" > "$out/en-de.minutes"
+        record_en_de
         train "$minutes" "$out/data" "$out/$final" --train-subsets "$subsets" \
             --subset-weights "$blend" "$@"
         touch "$out/$final.done"
