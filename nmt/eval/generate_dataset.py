@@ -228,7 +228,9 @@ def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
     return {**identity, "input": {k: v for k, v in inputs.items() if k != "dataset"}}
 
 
-def _describe_difference(found: dict[str, Any], wanted: dict[str, Any]) -> str:
+def _identity_difference(found: dict[str, Any], wanted: dict[str, Any]) -> str:
+    """The keys in which two identities differ, "" when they name the same dataset."""
+    found, wanted = _comparable(found), _comparable(wanted)
     keys = []
     for key in sorted(set(found) | set(wanted)):
         if isinstance(found.get(key), dict) and isinstance(wanted.get(key), dict):
@@ -400,11 +402,11 @@ def _finished(destdir: str, identity: dict[str, Any]) -> Manifest | None:
     found = next((manifest.config[k] for k in IDENTITY_KEYS.values() if k in manifest.config), None)
     if found is None:
         return None  # not ours: check_destination decides
-    if _comparable(found) != _comparable(identity):
+    difference = _identity_difference(found, identity)
+    if difference:
         raise ValueError(
             f"{destdir}: translated with other options or another model "
-            f"({_describe_difference(_comparable(found), _comparable(identity))}); "
-            "choose another --output-dataset"
+            f"({difference}); choose another --output-dataset"
         )
     return manifest
 
@@ -423,8 +425,8 @@ def _claim_chunk_dir(chunk_dir: str, identity: dict[str, Any]) -> None:
         raise describe_os_error(error, error.filename or chunk_dir) from None
     except json.JSONDecodeError:
         raise ValueError(f"{path}: unreadable; remove {chunk_dir} to start over") from None
-    if _comparable(found) != _comparable(identity):
-        difference = _describe_difference(_comparable(found), _comparable(identity))
+    difference = _identity_difference(found, identity)
+    if difference:
         raise ValueError(
             f"{chunk_dir}: a translation with other options or another model was begun here "
             f"({difference}); rerun it as it was, or remove {chunk_dir}"
