@@ -10,6 +10,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BT_RECIPE = ROOT / "examples" / "multi30k-bt" / "run.sh"
+MULTILINGUAL_RECIPE = ROOT / "examples" / "multi30k-multilingual" / "run.sh"
 
 
 def _stub_commands(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -300,3 +301,69 @@ def test_bt_recipe_takes_another_reverse_bt_model_after_one_was_refused(tmp_path
 
     assert f"{out}/en-bt-sample-tagged-c1" in (tmp_path / "eval-calls").read_text().splitlines()[1]
     assert (tmp_path / "train-calls").read_text().count("--save-dir") == 2  # de->en, en->de
+
+
+def _run_multilingual_recipe(
+    tmp_path: pathlib.Path, minutes: str, *args: str
+) -> subprocess.CompletedProcess:
+    """The multilingual recipe over stubs: nmt-preprocess leaves a dataset in --destdir, nmt-eval
+    prints scores in nmt-eval's format (and writes --output), nmt-train as above."""
+    bin_dir = _stub_commands(tmp_path)
+    (bin_dir / "nmt-preprocess").write_text(
+        "#!/bin/sh\n"
+        "while [ $# -gt 0 ]; do\n"
+        '    [ "$1" = --destdir ] && mkdir -p "$2" && echo "{}" > "$2/manifest.json"\n'
+        "    shift\n"
+        "done\n"
+    )
+    (bin_dir / "nmt-eval").write_text(
+        f"#!/bin/sh\necho \"$@\" >> '{tmp_path}/eval-calls'\n"
+        "while [ $# -gt 0 ]; do\n"
+        '    [ "$1" = --output ] && echo \'Ein Hund rennt über die Wiese.\' > "$2"\n'
+        "    shift\n"
+        "done\n"
+        "printf 'BLEU = 30.00 60.0/40.0/30.0/20.0\\nchrF2 = 50.00\\noff-target 0.00%%\\n'\n"
+    )
+    (bin_dir / "nmt-preprocess").chmod(0o755)
+    path = [str(bin_dir), str(pathlib.Path(sys.executable).parent), os.environ["PATH"]]
+    env = {**os.environ, "PATH": os.pathsep.join(path)}
+    command = ["bash", str(MULTILINGUAL_RECIPE), "--minutes", minutes, *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+WIDE = "--encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 768"
+
+
+@pytest.mark.parametrize("minutes, wide", [("30", True), ("60", True), ("20", False)])
+def test_multilingual_recipe_widens_the_multilingual_model_alone_from_30_minutes(
+    tmp_path, minutes, wide
+):
+    out = tmp_path / "out"
+
+    result = _run_multilingual_recipe(tmp_path, minutes, "--out", str(out))
+
+    assert result.returncode == 0, result.stderr
+    multi, *bilingual = (tmp_path / "train-calls").read_text().splitlines()
+    assert multi.startswith(f"{out}/multi/data --save-dir {out}/multi/ckpt ")
+    assert (WIDE in multi and "--warmup-updates 1200" in multi) == wide, multi
+    assert len(bilingual) == 6 and not any("--encoder-embed-dim" in call for call in bilingual)
+    assert (out / "table.md").read_text().count("| 30.00 | 50.00 |") == 6 + 6 + 1
+
+
+def test_multilingual_recipe_refuses_another_budget_over_trained_models(tmp_path):
+    out = tmp_path / "out"
+    _run_multilingual_recipe(tmp_path, "30", "--out", str(out), "--no-bilingual")
+    calls_before = (tmp_path / "train-calls").read_text()
+
+    for minutes in ("60", "6"):
+        result = _run_multilingual_recipe(tmp_path, minutes, "--out", str(out))
+        assert result.returncode == 2, result.stderr
+        assert (
+            f"the models in {out}: trained with --minutes 30, not --minutes {minutes}: "
+            "use another --out" in result.stderr
+        )
+    assert (tmp_path / "train-calls").read_text() == calls_before  # nothing trained again
+
+    again = _run_multilingual_recipe(tmp_path, "30", "--out", str(out))  # resumes, adds bilingual
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "train-calls").read_text().count("--save-dir") == 1 + 7

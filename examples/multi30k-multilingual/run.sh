@@ -7,15 +7,16 @@
 #   bash examples/multi30k-multilingual/run.sh [--minutes N] [--out DIR] [--lang-tok encoder|decoder] [--beam K] [--average-last K] [--multi-flags "FLAGS"] [--no-bilingual] [-- nmt-train flags]
 #
 # --multi-flags "FLAGS": nmt-train flags for the multilingual model only (split on spaces); flags
-# after -- go to every model. Default for budgets of 60 minutes and more: a 192-wide model (FFN 768)
-# with warm-up 1,200, measured at 60 minutes (README); below that, "" (nmt-train's defaults).
+# after -- go to every model. Default for budgets of 30 minutes and more: a 192-wide model (FFN 768)
+# with warm-up 1,200, measured at 30 and 60 minutes (README); below that, "" (nmt-train's defaults).
 # --average-last K: the multilingual model is scored on the average of its last K checkpoints (saved
 # every 50 updates); default 5 for budgets of 20 minutes and more, else 1 (checkpoint_last.pt), as in
 # examples/multi30k/run.sh. --no-bilingual: the multilingual model alone (its table has no
 # bilingual columns).
 # Run from the repository root inside the virtual environment. The table goes to DIR/table.md
 # (examples/multi30k-multilingual/README.md has the one measured here). Re-running with the same
-# --out keeps the datasets and resumes the runs (a finished run is only evaluated).
+# --out keeps the datasets and resumes the runs (a finished run is only evaluated); another --minutes
+# over trained models is refused.
 set -euo pipefail
 
 usage() { sed -n '7p' "$0" | sed 's/^#  *//' >&2; exit 2; }
@@ -41,16 +42,32 @@ if [ -z "$average_last" ]; then
 fi
 if [ -z "${multi_flags+given}" ]; then
     multi_flags=
-    # At 60 minutes the bilingual default's 128 dimensions, shared by four languages, lost 4 of 6
-    # directions to the bilingual models; 192 dimensions, with the warm-up stretched 4x so that each
-    # direction's learning rate follows the bilingual model's inverse square root over the ~4x
-    # updates, win 5 (README: the two changes were measured together, not apart).
-    if python3 -c "import sys; sys.exit(not $minutes >= 60)"; then
+    # The bilingual default's 128 dimensions, shared by four languages, lost 2 of 6 directions to
+    # the bilingual models at 30 minutes and 4 of 6 at 60; 192 dimensions, with the warm-up
+    # stretched 4x so that each direction's learning rate follows the bilingual model's inverse
+    # square root over the ~4x updates, win 6 and 5 in two runs at 30 and 5 at 60, none of the
+    # losses significant (README: the two changes were measured together, not apart). At 6
+    # minutes the 128-wide model already wins all six.
+    if python3 -c "import sys; sys.exit(not $minutes >= 30)"; then
         multi_flags="--encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 768"
         multi_flags+=" --decoder-ffn-embed-dim 768 --warmup-updates 1200"
     fi
 fi
 read -ra multi_args <<< "$multi_flags"  # split on spaces, no glob expansion
+trained() {
+    local model
+    for model in multi "${pairs[@]}"; do
+        [ -f "$out/$model/ckpt/checkpoint_last.pt" ] && return 0
+    done
+    return 1
+}
+# Another budget over trained models would be scored as the new one: nmt-train stops at once under
+# a shorter one and goes on from the old models under a longer one.
+if trained && [ -f "$out/minutes" ] && [ "$(cat "$out/minutes")" != "--minutes $minutes" ]; then
+    echo "examples/multi30k-multilingual/run.sh: the models in $out: trained with" \
+        "$(cat "$out/minutes"), not --minutes $minutes: use another --out" >&2
+    exit 2
+fi
 weights=(--path "$out/multi/ckpt/checkpoint_last.pt")
 [ "$average_last" -gt 1 ] && weights=(--path "$out/multi/ckpt" --average-last "$average_last")
 hours() { python3 -c "print($1 / 60)"; }
@@ -61,6 +78,7 @@ if [ ! -f "$out/multi/data/manifest.json" ]; then
     nmt-preprocess --lang-pairs "$(IFS=,; echo "${pairs[*]}")" "${splits[@]}" \
         --destdir "$out/multi/data" --overwrite
 fi
+trained || echo "--minutes $minutes" > "$out/minutes"
 nmt-train "$out/multi/data" --save-dir "$out/multi/ckpt" --stop-time-hours "$(hours "$minutes")" \
     --lang-tok "$lang_tok" --sampling-temperature 5 --no-epoch-checkpoints \
     --save-interval-updates 50 --keep-interval-updates 10 \
