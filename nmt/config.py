@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 import typing
@@ -574,6 +575,27 @@ class Curriculum:
         return self.paths[0]
 
 
+def parse_direction_factors(text: str) -> dict[str, float]:
+    """``en-de:2,en-fr:1.5`` -> {"en-de": 2.0, "en-fr": 1.5}; a clear error for anything else."""
+    factors: dict[str, float] = {}
+    for item in text.split(","):
+        pair, _, value = item.strip().partition(":")
+        source, _, target = pair.partition("-")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = math.nan
+        if not (source and target and math.isfinite(factor) and factor > 0):
+            raise ValueError(
+                f"--upsample-directions: {item.strip()!r} is not PAIR:FACTOR with a factor > 0 "
+                "(e.g. en-de:2)"
+            )
+        if pair in factors:
+            raise ValueError(f"--upsample-directions: {pair} is given twice")
+        factors[pair] = factor
+    return factors
+
+
 @dataclass
 class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
@@ -600,6 +622,12 @@ class DataConfig:
     sampling_temperature: float = opt(
         0.0,
         "weights proportional to size^(1/T) (0: to size); over the directions of a multilingual dataset too",
+    )
+    upsample_directions: str | None = opt(
+        None,
+        "multilingual datasets: PAIR:FACTOR,... multiplies those directions' sampling weights (by "
+        "size or --sampling-temperature), e.g. en-de:2,en-fr:2; unlisted directions keep 1",
+        metavar="PAIR:FACTOR,...",
     )
     lang_tok: str = opt(
         "encoder",
@@ -651,6 +679,7 @@ class DataConfig:
             "must be >= 0 (0: the sum of the corpus sizes)",
         )
         curriculum = self.curriculum_spec  # parsed (and checked) here, once
+        _ = self.direction_factors  # parsed (and checked) here, once
         if curriculum is not None and curriculum.kind == "file":
             _require(
                 len(curriculum.paths) == len(self.train_subsets) and all(curriculum.paths),
@@ -663,6 +692,15 @@ class DataConfig:
             self.batching.competence_updates == 0 or self.curriculum is not None,
             "competence_updates",
             "needs a difficulty (--curriculum)",
+        )
+
+    @functools.cached_property
+    def direction_factors(self) -> dict[str, float]:
+        """--upsample-directions as {pair: factor} (empty: every direction keeps its weight)."""
+        return (
+            {}
+            if self.upsample_directions is None
+            else parse_direction_factors(self.upsample_directions)
         )
 
     @functools.cached_property

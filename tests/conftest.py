@@ -289,8 +289,9 @@ def multi_data(tmp_path_factory):
     return str(root / "data")
 
 
-def train_multilingual(data_dir, save_dir, *extra, updates=400):
-    """A tiny multilingual model (nmt-train, forked from the zygote); its completed process."""
+def train_multilingual(data_dir, save_dir, *extra, updates=400, check=True):
+    """A tiny multilingual model (nmt-train, forked from the zygote); its completed process, which
+    must have succeeded unless ``check`` is false."""
     args = [
         data_dir,
         "--save-dir",
@@ -316,7 +317,7 @@ def train_multilingual(data_dir, save_dir, *extra, updates=400):
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = run_forked("nmt_cli.train", args, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0 or not check, result.stderr[-3000:]
     return result
 
 

@@ -345,8 +345,13 @@ def test_multilingual_recipe_widens_the_multilingual_model_alone_from_30_minutes
     assert result.returncode == 0, result.stderr
     multi, *bilingual = (tmp_path / "train-calls").read_text().splitlines()
     assert multi.startswith(f"{out}/multi/data --save-dir {out}/multi/ckpt ")
-    assert (WIDE in multi and "--warmup-updates 1200" in multi) == wide, multi
-    assert len(bilingual) == 6 and not any("--encoder-embed-dim" in call for call in bilingual)
+    upsampled = "--upsample-directions en-de:2,en-fr:2,en-cs:2"
+    assert (WIDE in multi and "--warmup-updates 1200" in multi and upsampled in multi) == wide, (
+        multi
+    )
+    assert len(bilingual) == 6 and not any(
+        "--encoder-embed-dim" in call or "--upsample-directions" in call for call in bilingual
+    )
     assert (out / "table.md").read_text().count("| 30.00 | 50.00 |") == 6 + 6 + 1
 
 

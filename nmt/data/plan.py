@@ -188,7 +188,20 @@ class TrainingDataPlan:
             self.valid_sets = dict(
                 open_directions(self.manifest, cfg.valid_subset, placement=cfg.lang_tok)
             )
+            unknown = [
+                pair for pair in cfg.direction_factors if pair not in self.manifest.lang_pairs
+            ]
+            if unknown:
+                raise ValueError(
+                    f"--upsample-directions {unknown[0]}: {cfg.data_dir} has no such direction "
+                    f"(has: {', '.join(self.manifest.lang_pairs)})"
+                )
         else:
+            if cfg.direction_factors:
+                raise ValueError(
+                    f"--upsample-directions: {cfg.data_dir} is not multilingual (one direction, "
+                    f"{self.manifest.source_lang}-{self.manifest.target_lang})"
+                )
             self.corpus_names = list(cfg.train_subsets)
             self.corpora = [open_subset(self.manifest, name) for name in cfg.train_subsets]
             self.valid_sets = (
@@ -281,6 +294,9 @@ class TrainingDataPlan:
             weights = list(weights_from_temperature(sizes, cfg.sampling_temperature))
         else:
             weights = [float(size) for size in sizes]
+        if cfg.direction_factors:
+            pairs = [name.rpartition(".")[2] for name in self.corpus_names]
+            weights = [w * cfg.direction_factors.get(pair, 1.0) for w, pair in zip(weights, pairs)]
         return BlendedEpochs(
             sizes,
             weights,

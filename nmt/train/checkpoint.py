@@ -154,6 +154,9 @@ def run_identity(
         "curriculum",
     ):
         batching[option_name(name)] = to_dict(cfg.data)[name]
+    # Newer than the run identity: left out when not given, so that older runs still resume.
+    if cfg.data.upsample_directions is not None:
+        batching["--upsample-directions"] = cfg.data.upsample_directions
     batching["--seed"] = cfg.run.seed
     optim = to_dict(cfg.optim)
     return {

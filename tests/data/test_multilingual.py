@@ -88,6 +88,44 @@ def test_training_plan_blends_every_direction_by_temperature(multi_data):
     plan.close()
 
 
+def test_upsampled_directions_get_their_factor_of_each_epoch(multi_data, tiny_data):
+    def counts(**options):
+        plan = TrainingDataPlan(DataConfig(data_dir=multi_data, **options), seed=1)
+        info = plan.begin_epoch()
+        plan.close()
+        return [info.blend_counts[f"train.{pair}_samples"] for pair in MULTI_PAIRS.split(",")]
+
+    # 4 equal directions, 1,600 samples an epoch: shares 3 (en-de), 1, 1 and 1.5 (fr-en) of 6.5
+    assert counts(upsample_directions="en-de:3,fr-en:1.5") == [739, 246, 246, 369]
+    # on top of --sampling-temperature (equal sizes: equal before the factor)
+    assert counts(upsample_directions="en-fr:2", sampling_temperature=5.0) == [320, 320, 640, 320]
+    with pytest.raises(ValueError) as unknown:
+        TrainingDataPlan(DataConfig(data_dir=multi_data, upsample_directions="en-cs:2"), seed=1)
+    assert str(unknown.value) == (
+        f"--upsample-directions en-cs: {multi_data} has no such direction "
+        "(has: en-de, de-en, en-fr, fr-en)"
+    )
+    with pytest.raises(ValueError, match="--upsample-directions: .* is not multilingual"):
+        TrainingDataPlan(DataConfig(data_dir=tiny_data, upsample_directions="en-de:2"), seed=1)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("en-de", "'en-de' is not PAIR:FACTOR"),
+        ("en-de:0", "'en-de:0' is not PAIR:FACTOR with a factor > 0"),
+        ("en-de:-1", "'en-de:-1' is not PAIR:FACTOR"),
+        ("en-de:nan", "'en-de:nan' is not PAIR:FACTOR"),
+        ("ende:2", "'ende:2' is not PAIR:FACTOR"),
+        ("en-de:2,", "'' is not PAIR:FACTOR"),
+        ("en-de:2,en-de:3", "en-de is given twice"),
+    ],
+)
+def test_bad_upsample_directions_are_one_clear_line(text, message):
+    with pytest.raises(ValueError, match=f"^--upsample-directions: {message}"):
+        DataConfig(data_dir="d", upsample_directions=text)
+
+
 def test_language_shares_flatten_with_temperature():
     shares = language_shares({"en": 10_000, "cs": 100}, 5.0)
     assert shares["cs"] == pytest.approx(100**0.2 / (100**0.2 + 10_000**0.2))

@@ -43,3 +43,26 @@ def test_validation_per_direction_and_mean(multi_data, tmp_path, placement):
 def test_no_validation_split_trains_every_direction(multi_data, tmp_path):
     result = train_multilingual(multi_data, tmp_path / "ck", "--valid-subset", "nosuch", updates=2)
     assert "training without validation" in result.stderr
+
+
+def test_resume_keeps_the_upsampled_directions_or_refuses(multi_data, tmp_path):
+    train_multilingual(multi_data, tmp_path / "plain", updates=2)
+    # Left out when not given: checkpoints from before the option resume as they are.
+    state = torch.load(tmp_path / "plain" / "checkpoint_last.pt", weights_only=True)
+    assert "--upsample-directions" not in state["run_identity"]["batch sequence"]
+
+    upsampled = ("--upsample-directions", "en-de:2")
+    first = train_multilingual(multi_data, tmp_path / "ck", *upsampled, updates=2)
+    blend = [json.loads(line) for line in first.stdout.splitlines() if '"blend"' in line][0]
+    assert blend["train.en-de_samples"] == 2 * blend["train.de-en_samples"]
+    other = train_multilingual(
+        multi_data, tmp_path / "ck", "--upsample-directions", "en-de:3", updates=4, check=False
+    )
+    assert other.returncode == 1
+    assert (
+        "batch sequence: --upsample-directions: 'en-de:2' in the checkpoint, 'en-de:3' now "
+        "(pass --reset-dataloader" in other.stderr
+    )
+    train_multilingual(multi_data, tmp_path / "ck", *upsampled, updates=4)
+    state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", weights_only=True)
+    assert state["num_updates"] == 4
