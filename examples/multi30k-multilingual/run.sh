@@ -54,8 +54,8 @@ if [ -z "${multi_flags+given}" ]; then
         multi_flags="--encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 768"
         multi_flags+=" --decoder-ffn-embed-dim 768 --warmup-updates 1200"
         # Each direction out of English is the only one into its language, while the three into
-        # English share their target side: sampled twice as often, en->X stopped losing (en-cs,
-        # en-fr) and X->en kept winning at 30 minutes (README).
+        # English share their target side: sampled twice as often, en->X stopped losing (en-cs at
+        # 30 minutes, en-fr at 60) and X->en kept winning at 30 (at 60 fr-en ties; README).
         multi_flags+=" --upsample-directions en-de:2,en-fr:2,en-cs:2"
     fi
 fi
