@@ -154,9 +154,10 @@ def run_identity(
         "curriculum",
     ):
         batching[option_name(name)] = to_dict(cfg.data)[name]
-    # Newer than the run identity: left out when not given, so that older runs still resume.
-    if cfg.data.upsample_directions is not None:
-        batching["--upsample-directions"] = cfg.data.upsample_directions
+    # Newer than the run identity: left out when not given, so that older runs still resume. Parsed,
+    # so that en-de:2 and en-de:2.0 are the same run.
+    if cfg.data.direction_factors:
+        batching["--upsample-directions"] = dict(sorted(cfg.data.direction_factors.items()))
     batching["--seed"] = cfg.run.seed
     optim = to_dict(cfg.optim)
     return {

@@ -60,9 +60,9 @@ def test_resume_keeps_the_upsampled_directions_or_refuses(multi_data, tmp_path):
     )
     assert other.returncode == 1
     assert (
-        "batch sequence: --upsample-directions: 'en-de:2' in the checkpoint, 'en-de:3' now "
-        "(pass --reset-dataloader" in other.stderr
+        "batch sequence: --upsample-directions: {'en-de': 2.0} in the checkpoint, {'en-de': 3.0} "
+        "now (pass --reset-dataloader" in other.stderr
     )
-    train_multilingual(multi_data, tmp_path / "ck", *upsampled, updates=4)
+    train_multilingual(multi_data, tmp_path / "ck", "--upsample-directions", "en-de:2.0", updates=4)
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", weights_only=True)
     assert state["num_updates"] == 4
