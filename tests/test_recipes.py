@@ -334,9 +334,12 @@ def _run_multilingual_recipe(
 WIDE = "--encoder-embed-dim 192 --decoder-embed-dim 192 --encoder-ffn-embed-dim 768"
 
 
-@pytest.mark.parametrize("minutes, wide", [("30", True), ("60", True), ("20", False)])
+@pytest.mark.parametrize(
+    "minutes, wide, factor",
+    [("30", True, "2"), ("59.9", True, "2"), ("60", True, "1.5"), ("20", False, "")],
+)
 def test_multilingual_recipe_widens_the_multilingual_model_alone_from_30_minutes(
-    tmp_path, minutes, wide
+    tmp_path, minutes, wide, factor
 ):
     out = tmp_path / "out"
 
@@ -345,10 +348,11 @@ def test_multilingual_recipe_widens_the_multilingual_model_alone_from_30_minutes
     assert result.returncode == 0, result.stderr
     multi, *bilingual = (tmp_path / "train-calls").read_text().splitlines()
     assert multi.startswith(f"{out}/multi/data --save-dir {out}/multi/ckpt ")
-    upsampled = "--upsample-directions en-de:2,en-fr:2,en-cs:2"
+    upsampled = f"--upsample-directions en-de:{factor},en-fr:{factor},en-cs:{factor}"
     assert (WIDE in multi and "--warmup-updates 1200" in multi and upsampled in multi) == wide, (
         multi
     )
+    assert multi.count("--upsample-directions") == wide, multi
     assert len(bilingual) == 6 and not any(
         "--encoder-embed-dim" in call or "--upsample-directions" in call for call in bilingual
     )
