@@ -359,6 +359,20 @@ def test_multilingual_recipe_widens_the_multilingual_model_alone_from_30_minutes
     assert (out / "table.md").read_text().count("| 30.00 | 50.00 |") == 6 + 6 + 1
 
 
+@pytest.mark.parametrize("minutes", ["abc", "0", "-5", "nan", "inf", "1e999"])
+def test_multilingual_recipe_refuses_a_bad_budget_before_preprocessing(tmp_path, minutes):
+    out = tmp_path / "out"
+
+    result = _run_multilingual_recipe(tmp_path, minutes, "--out", str(out))
+
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "examples/multi30k-multilingual/run.sh: --minutes must be a positive number, "
+        f"not '{minutes}'"
+    )
+    assert not out.exists() and not (tmp_path / "train-calls").exists()
+
+
 def test_multilingual_recipe_refuses_another_budget_over_trained_models(tmp_path):
     out = tmp_path / "out"
     _run_multilingual_recipe(tmp_path, "30", "--out", str(out), "--no-bilingual")

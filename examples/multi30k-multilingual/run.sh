@@ -37,6 +37,11 @@ while [ $# -gt 0 ]; do
         *) echo "examples/multi30k-multilingual/run.sh: unknown option $1" >&2; usage ;;
     esac
 done
+# Checked before anything runs: a bad budget would otherwise fail only after preprocessing.
+if ! python3 -c "import sys; sys.exit(not 0 < float(sys.argv[1]) < float('inf'))" "$minutes" 2>/dev/null; then
+    echo "examples/multi30k-multilingual/run.sh: --minutes must be a positive number, not '$minutes'" >&2
+    exit 2
+fi
 pairs=(en-de de-en en-fr fr-en en-cs cs-en)
 if [ -z "$average_last" ]; then
     average_last=1
