@@ -2,8 +2,8 @@
 
 Each language side of a text group is encoded once: a group is the multi-way files ``P.LANG`` (line
 i of every language is the same sentence) or one pair's files ``P.SRC-TGT.LANG`` (fairseq's naming,
-for corpora that are not multi-way; ``de-en`` reads ``P.en-de.*`` when only those exist). A
-direction's split ``SPLIT.src-tgt`` points at its group's per-language token files: 6 directions over
+for corpora that are not multi-way; ``de-en`` reads ``P.en-de.*`` when only those exist); a
+direction found in two groups is refused, never one of them chosen silently. A direction's split ``SPLIT.src-tgt`` points at its group's per-language token files: 6 directions over
 4 multi-way languages store 4 token files per split, not 12 (and encode each sentence once).
 
 Training lines are filtered per group: a line is dropped when any direction of the group would drop
@@ -105,27 +105,44 @@ def _exists(prefix: str, lang: str) -> str | None:
         return None
 
 
-def resolve_groups(prefix: str, pairs: list[tuple[str, str]]) -> list[TextGroup]:
-    """The text groups of one split prefix, every file resolved (a missing one: one line naming
-    what was looked for)."""
+def _complete(prefix: str, langs: tuple[str, str]) -> dict[str, str] | None:
+    """Both languages' files under ``prefix`` (language -> file), or None when one is missing."""
+    found: dict[str, str] = {}
+    for lang in langs:
+        path = _exists(prefix, lang)
+        if path is None:
+            return None
+        found[lang] = path
+    return found
+
+
+def resolve_groups(prefix: str, pairs: list[tuple[str, str]], *, option: str) -> list[TextGroup]:
+    """The text groups of one split prefix (given as ``option``), every file resolved; a missing
+    file, or a direction found in two sets of files, is one line naming them."""
     groups: dict[str, TextGroup] = {}
     for src, tgt in pairs:
-        for stem in (pair_name(src, tgt), pair_name(tgt, src)):
-            found = {lang: _exists(f"{prefix}.{stem}", lang) for lang in (src, tgt)}
-            if all(found.values()):
-                break
-        else:
-            stem = ""
-            found = {lang: _exists(prefix, lang) for lang in (src, tgt)}
-            missing = [lang for lang, path in found.items() if path is None]
-            if missing:
-                lang = missing[0]
-                raise DataError(
-                    f"{prefix}.{lang}: no such file (nor .gz/.xz/.zst, nor the per-pair "
-                    f"{prefix}.{pair_name(src, tgt)}.{lang}) for direction {pair_name(src, tgt)}"
-                )
+        candidates = {
+            stem: found
+            for stem in (pair_name(src, tgt), pair_name(tgt, src), "")
+            if (found := _complete(f"{prefix}.{stem}" if stem else prefix, (src, tgt)))
+        }
+        if len(candidates) > 1:
+            # Choosing one would silently train on other text than the user may have meant.
+            first, second = [" + ".join(found.values()) for found in candidates.values()][:2]
+            raise DataError(
+                f"{option} {prefix}: direction {pair_name(src, tgt)} is in two sets of files, "
+                f"{first}, and {second}; keep one set (move the other away, or give {option} "
+                "a prefix with only one)"
+            )
+        if not candidates:
+            lang = next(lang for lang in (src, tgt) if _exists(prefix, lang) is None)
+            raise DataError(
+                f"{prefix}.{lang}: no such file (nor .gz/.xz/.zst, nor the per-pair "
+                f"{prefix}.{pair_name(src, tgt)}.{lang}) for direction {pair_name(src, tgt)}"
+            )
+        stem, found = next(iter(candidates.items()))
         group = groups.setdefault(stem, TextGroup(stem=stem))
-        group.paths.update({lang: path for lang, path in found.items() if path is not None})
+        group.paths.update(found)
         group.directions.append((src, tgt))
     return list(groups.values())
 
@@ -416,7 +433,7 @@ def preprocess_multilingual(cfg: PreprocessConfig) -> tuple[Manifest, list[Split
     pairs = parse_lang_pairs(cfg.lang_pairs or "")
     languages = sorted({lang for pair in pairs for lang in pair})
     splits = [
-        (name, role, prefix, resolve_groups(prefix, pairs))
+        (name, role, prefix, resolve_groups(prefix, pairs, option=f"--{role}pref"))
         for role, prefixes in (
             ("train", cfg.trainpref),
             ("valid", cfg.validpref),

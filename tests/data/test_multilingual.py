@@ -216,6 +216,40 @@ def test_bad_input_is_one_line(raw, capsys, pairs, change, message):
     assert not os.path.exists(raw / "out")
 
 
+@pytest.mark.parametrize("role", ["train", "valid", "test"])
+@pytest.mark.parametrize(
+    "stems",
+    [("", "en-de"), ("de-en", ""), ("en-de", "de-en")],
+    ids=["multi-way+per-pair", "per-pair+multi-way", "both-pair-orders"],
+)
+def test_a_direction_in_two_sets_of_files_is_refused(tmp_path, capsys, role, stems):
+    """Either set could be the one meant: reading one silently trains or scores on the wrong text."""
+    if role != "train":
+        write_multiway(tmp_path, "train", 30, seed=5)
+    for index, stem in enumerate(stems):
+        write_multiway(tmp_path, f"{role}.{stem}" if stem else role, 5, seed=7 + index)
+    options = [f"--{name}pref" for name in dict.fromkeys(["train", role])]
+    code = preprocess_main(
+        ["--lang-pairs", "de-en", "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60"]
+        + [word for option in options for word in (option, str(tmp_path / option[2:-4]))]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    prefix = str(tmp_path / role)
+    sets = [
+        " + ".join(
+            f"{prefix}.{stem}.{lang}" if stem else f"{prefix}.{lang}" for lang in ("de", "en")
+        )
+        for stem in sorted(stems, key=["de-en", "en-de", ""].index)
+    ]
+    assert code == 1 and len(err) == 1, err
+    assert err[0] == (
+        f"nmt-preprocess: error: --{role}pref {prefix}: direction de-en is in two sets of files, "
+        f"{sets[0]}, and {sets[1]}; keep one set (move the other away, or give --{role}pref a "
+        "prefix with only one)"
+    )
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_lang_pairs_refuses_options_it_cannot_honour(raw, capsys):
     code = preprocess_main(
         [
