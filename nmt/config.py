@@ -363,7 +363,7 @@ class ModelConfig:
     )
     attention: str = opt(
         "auto",
-        "attention kernel (auto: xFormers on CUDA when installed, PyTorch SDPA elsewhere)",
+        "attention kernel (auto: varlen on CUDA, else xFormers when it runs, else PyTorch SDPA; the choice and why are logged)",
         choices=("auto", "xformers", "sdpa", "varlen"),
     )
     sinusoidal_positions: str = opt(

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
+import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
+from nmt.model import attention as attention_module
 from nmt.model.attention import (
     AttentionMask,
+    Installed,
     Packing,
     _xformers_problem,
     attention,
+    choose_auto,
+    cross_attention,
     resolve_backend,
+    self_attention,
     unpack,
 )
 
@@ -166,7 +176,7 @@ def test_backend_choice_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
         assert resolve_backend("auto", device_type="cpu", attention_dropout=0.125) == "sdpa"
         assert resolve_backend("auto", device_type="cpu", attention_dropout=0.125) == "sdpa"
     assert [r.getMessage() for r in caplog.records] == [
-        "attention backend: sdpa (--attention auto, device cpu)"
+        "attention backend: sdpa (--attention auto, device cpu): xFormers and varlen run on CUDA only"
     ]
     with pytest.raises(ValueError, match="--attention xformers cannot run"):
         resolve_backend("xformers", device_type="cpu")
@@ -174,6 +184,179 @@ def test_backend_choice_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
         resolve_backend("varlen", device_type="cpu")
     with pytest.raises(ValueError, match="--attention"):
         resolve_backend("flash", device_type="cpu")
+
+
+TORCH_2_13 = "2.13.0+cu130"
+XFORMERS_FOR_2_10 = dict(xformers="0.0.35", xformers_torch="2.10.0+cu128")
+
+
+class Probe:
+    """A stand-in for the xFormers probe that counts its calls (it imports xFormers: lazily)."""
+
+    def __init__(self, problem: str | None) -> None:
+        self.problem, self.calls = problem, 0
+
+    def __call__(self) -> str | None:
+        self.calls += 1
+        return self.problem
+
+
+def test_auto_prefers_varlen_then_xformers_then_sdpa() -> None:
+    runs, fails = Probe(None), Probe("NotImplementedError: No operator found")
+    newest = Installed(TORCH_2_13, None, **XFORMERS_FOR_2_10)
+    # No attention dropout on a torch with varlen: varlen, and xFormers is not even imported.
+    backend, why = choose_auto(
+        "cuda", attention_dropout=0.0, installed=newest, probe_xformers=fails
+    )
+    assert backend == "varlen" and fails.calls == 0
+    assert "install torch==2.10.0 with xformers==0.0.35" in why
+    # Attention dropout rules varlen out: xFormers when its kernels run, else sdpa with the pair.
+    assert choose_auto("cuda", attention_dropout=0.1, installed=newest, probe_xformers=runs) == (
+        "xformers",
+        "varlen has no attention dropout (--attention-dropout 0.1); xFormers 0.0.35 runs",
+    )
+    backend, why = choose_auto(
+        "cuda", attention_dropout=0.1, installed=newest, probe_xformers=fails
+    )
+    assert (backend, why) == (
+        "sdpa",
+        "varlen has no attention dropout (--attention-dropout 0.1); xFormers does not run "
+        "(NotImplementedError: No operator found); xFormers 0.0.35 is built for torch "
+        "2.10.0+cu128, not this torch 2.13.0+cu130; "
+        "to run xFormers install torch==2.10.0 with xformers==0.0.35",
+    )
+    # The matched pair (torch 2.10: no window_size in varlen) runs xFormers; its line names no pair.
+    matched = Installed(
+        "2.10.0+cu128", "this torch's varlen_attn has no window_size", **XFORMERS_FOR_2_10
+    )
+    assert choose_auto("cuda", attention_dropout=0.0, installed=matched, probe_xformers=runs)[
+        0
+    ] == ("xformers")
+    backend, why = choose_auto(
+        "cuda", attention_dropout=0.0, installed=matched, probe_xformers=fails
+    )
+    assert backend == "sdpa" and "xFormers 0.0.35 is built for this torch" in why
+    assert "install" not in why
+    # Not installed: never probed, and the line names the newest matched pair.
+    absent, probe = Installed("2.10.0", "no varlen", None, None), Probe(None)
+    backend, why = choose_auto(
+        "cuda", attention_dropout=0.0, installed=absent, probe_xformers=probe
+    )
+    assert backend == "sdpa" and probe.calls == 0
+    assert why.endswith(
+        "xFormers is not installed; to run xFormers install torch==2.10.0 with xformers==0.0.35"
+    )
+    assert choose_auto("cpu", attention_dropout=0.0, installed=newest, probe_xformers=probe)[0] == (
+        "sdpa"
+    )
+    assert probe.calls == 0
+
+
+@pytest.fixture
+def fake_xformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """xFormers 0.0.35 built for torch 2.10 as pip installs it beside a newer torch: its
+    distribution metadata and build file on sys.path, a module in sys.modules that imports, and
+    kernels that fail at the first call (logging a warning with a traceback, as xFormers does)."""
+    dist_info = tmp_path / "xformers-0.0.35.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: xformers\nVersion: 0.0.35\n")
+    (tmp_path / "xformers").mkdir()
+    (tmp_path / "xformers" / "cpp_lib.json").write_text(
+        json.dumps({"version": {"cuda": 1208, "torch": "2.10.0+cu128", "python": "3.10.19"}})
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def memory_efficient_attention(*args: object, **kwargs: object) -> None:
+        logging.getLogger("xformers").warning("WARNING[XFORMERS]: xFormers can't load C++/CUDA")
+        raise NotImplementedError(
+            "No operator found for `memory_efficient_attention_forward` with inputs:\n"
+            "     query       : shape=(1, 8, 1, 16) (torch.float16)"
+        )
+
+    package, ops = types.ModuleType("xformers"), types.ModuleType("xformers.ops")
+    ops.memory_efficient_attention = memory_efficient_attention  # type: ignore[attr-defined]
+    package.ops = ops  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "xformers", package)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+    return package
+
+
+def test_a_mismatched_xformers_falls_back_in_one_line(
+    fake_xformers: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    installed = attention_module.installed_kernels.__wrapped__()  # the fake's metadata, uncached
+    assert (installed.xformers, installed.xformers_torch) == ("0.0.35", "2.10.0+cu128")
+    assert attention_module.probe_xformers("cpu") == (
+        "NotImplementedError: No operator found for `memory_efficient_attention_forward` with inputs:"
+    )
+    # The choice on a CUDA machine with this torch (attention dropout rules varlen out, so xFormers
+    # is probed: on the CPU here, as CUDA is what this machine lacks, not what is under test).
+    monkeypatch.setattr(
+        attention_module,
+        "installed_kernels",
+        lambda: dataclasses.replace(installed, torch=TORCH_2_13),
+    )
+    monkeypatch.setattr(
+        attention_module, "_xformers_problem", lambda: attention_module.probe_xformers("cpu")
+    )
+    monkeypatch.setattr(attention_module, "_RESOLVED", {})
+    with caplog.at_level(logging.INFO):
+        assert resolve_backend("auto", device_type="cuda", attention_dropout=0.1) == "sdpa"
+        assert resolve_backend("auto", device_type="cuda", attention_dropout=0.1) == "sdpa"
+    assert [r.getMessage() for r in caplog.records] == [
+        "attention backend: sdpa (--attention auto, device cuda): varlen has no attention dropout "
+        "(--attention-dropout 0.1); xFormers does not run (NotImplementedError: No operator found "
+        "for `memory_efficient_attention_forward` with inputs:); xFormers 0.0.35 is built for "
+        "torch 2.10.0+cu128, not this torch 2.13.0+cu130; to run xFormers install torch==2.10.0 "
+        "with xformers==0.0.35"
+    ]
+    with pytest.raises(ValueError) as error:
+        resolve_backend("xformers", device_type="cuda")
+    assert str(error.value).startswith("--attention xformers cannot run: NotImplementedError")
+    assert str(error.value).endswith("with xformers==0.0.35); use --attention auto")
+
+
+def test_installed_kernels_without_xformers_or_its_build_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = attention_module.installed_kernels.__wrapped__()
+    assert installed.torch == torch.__version__ and installed.varlen_problem is None  # torch 2.13
+    # A source build has no cpp_lib.json: the torch it was built for is unknown.
+    dist_info = tmp_path / "xformers-0.0.36.dev0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: xformers\nVersion: 0.0.36.dev0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    installed = attention_module.installed_kernels.__wrapped__()
+    assert (installed.xformers, installed.xformers_torch) == ("0.0.36.dev0", None)
+    assert attention_module.xformers_status(installed) == (
+        "xFormers 0.0.36.dev0 is installed (built for an unknown torch); "
+        "to run xFormers install torch==2.10.0 with xformers==0.0.35"
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_at_float32_runs_sdpa(causal: bool) -> None:
+    """Flash takes bf16/fp16 only: a float32 packed batch of --attention varlen (auto's choice on
+    CUDA) runs sdpa, here on the CPU where varlen_attn would fail."""
+    lengths = torch.tensor([3, 1, 6, 2])
+    packing = Packing.from_lengths(lengths, num_tokens=14)  # a tail of 2 tokens
+    qkv = torch.randn(14, 3, NUM_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    kv = qkv[:, 1:]
+    outputs = {}
+    for backend in ("varlen", "sdpa"):
+        mask = AttentionMask(
+            backend, causal=causal, key_lengths=lengths, q_packing=packing, kv_packing=packing
+        )
+        outputs[backend] = (
+            self_attention(qkv, mask, dropout_p=0.0),
+            cross_attention(qkv[:, 0], kv, mask, dropout_p=0.0),
+            attention(*qkv.unbind(1), mask, dropout_p=0.0),
+        )
+    torch.testing.assert_close(outputs["varlen"], outputs["sdpa"], atol=0, rtol=0)
 
 
 def _xformers_usable() -> bool:
@@ -236,6 +419,14 @@ def test_xformers_matches_sdpa(packed: bool, causal: bool) -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_matches_sdpa(causal: bool) -> None:
     _compare_with_sdpa("varlen", packed=True, causal=causal)
+
+
+@cuda
+@pytest.mark.parametrize("packed", [False, True])
+def test_auto_on_cuda_runs_and_matches_sdpa(packed: bool) -> None:
+    """Whatever auto picks on this GPU's torch and xFormers runs, and computes what sdpa does."""
+    backend = resolve_backend("auto", device_type="cuda")
+    _compare_with_sdpa(backend, packed=packed, causal=True)
 
 
 def test_pad_and_unpad_are_exact_gathers_both_ways() -> None:
