@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 import types
 import typing
@@ -222,7 +223,8 @@ def run_main(
         print(f"{prog}: error: {describe_os_error(error)}", file=sys.stderr)
     except extra as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # Ctrl+C, or SIGTERM as nmt.workers.Terminated
+        print(f"{prog}: {str(error) or 'interrupted'}", file=sys.stderr)
+        # 130 (SIGINT) or 143 (SIGTERM): what a shell reports for a process the signal ended
+        return 128 + getattr(error, "signum", signal.SIGINT)
     return 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import gzip
 import hashlib
 import logging
@@ -77,6 +78,7 @@ from nmt.fileio import (
     open_for_writing,
     write_all,
 )
+from nmt.workers import die_with_parent, run_interruptibly, signals_deferred, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +275,10 @@ class EncodePool:
         if kind == "processes" and workers > 1:
             # Forked now (the first task forks them all), before this process has any other thread or a lock file open.
             self._executor = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("fork")
+                workers,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
             self._executor.submit(os.getpid).result()
             self._slots, self._threads_per_chunk = workers, 1
@@ -448,16 +453,20 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
         if not num_sentences:
             raise DataError(f"no non-empty training sentences to train SentencePiece on ({label})")
         started = time.perf_counter()
-        proto = train_model(
-            _drain(
-                sample
-            ),  # SentencePiece copies each sentence: ours go as it takes them, not at the end
-            vocab_size=cfg.spm_vocab_size,
-            model_type=cfg.spm_model_type,
-            character_coverage=cfg.spm_character_coverage,
-            num_threads=1,
-            tags=reserved_tags([cfg.source_lang, cfg.target_lang]),
-            label=f"a sample of {num_sentences} training sentences ({label})",
+        # SentencePiece copies each sentence: ours go as it takes them, not at the end
+        sentences = _drain(sample)
+        # Minutes in C on a large sample: run aside, so that a signal stops the run at once.
+        proto = run_interruptibly(
+            functools.partial(
+                train_model,
+                sentences,
+                vocab_size=cfg.spm_vocab_size,
+                model_type=cfg.spm_model_type,
+                character_coverage=cfg.spm_character_coverage,
+                num_threads=1,
+                tags=reserved_tags([cfg.source_lang, cfg.target_lang]),
+                label=f"a sample of {num_sentences} training sentences ({label})",
+            )
         )
         vocab_size = SentencePieceModel(proto).vocab_size
         logger.info(
@@ -732,7 +741,8 @@ def building_dataset(destdir: str, target: Destination) -> Iterator[str]:
     workdir = make_workdir(destdir)
     try:
         yield workdir
-        install_directory(workdir, target)
+        with signals_deferred():  # stopped between its two renames, it would lose the old dataset
+            install_directory(workdir, target)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -897,16 +907,18 @@ def preprocess(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
     if cfg.lang_pairs is not None:
         raise ValueError("--lang-pairs: a multilingual dataset (nmt.data.multilingual)")
     shard = shard_of(cfg)
-    pool = EncodePool(cfg.workers or os.cpu_count() or 1, kind=cfg.encoder)
-    destdir = os.path.abspath(cfg.destdir)
-    what = f"--destdir {destdir}"
-    try:
-        if shard.count == 1:
-            with exclusive_lock(lock_path_beside(destdir), what=what):
-                return build_dataset(cfg, destdir, shard=shard, pool=pool)
-        return _preprocess_shard(cfg, destdir, shard=shard, pool=pool)
-    finally:
-        pool.close()
+    # SIGTERM unwinds like Ctrl+C: the pool is closed, the work directory removed, the lock released.
+    with stop_on_signals():
+        pool = EncodePool(cfg.workers or os.cpu_count() or 1, kind=cfg.encoder)
+        destdir = os.path.abspath(cfg.destdir)
+        what = f"--destdir {destdir}"
+        try:
+            if shard.count == 1:
+                with exclusive_lock(lock_path_beside(destdir), what=what):
+                    return build_dataset(cfg, destdir, shard=shard, pool=pool)
+            return _preprocess_shard(cfg, destdir, shard=shard, pool=pool)
+        finally:
+            pool.close()
 
 
 def _preprocess_shard(

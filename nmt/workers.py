@@ -1,0 +1,158 @@
+"""Child processes that end with their parent, and a parent that stops cleanly on SIGTERM or Ctrl+C.
+
+A forked worker blocks on its pool's pipe, whose write end it inherited: when the parent dies it
+would wait forever. ``die_with_parent`` (the pool's initializer) asks the kernel to kill it then
+(Linux's parent-death signal), or watches its parent where that is unavailable. Workers ignore
+SIGINT: Ctrl+C reaches the whole process group, and the parent alone decides how to stop.
+
+``stop_on_signals`` turns SIGTERM into ``Terminated`` (a ``KeyboardInterrupt``, as Ctrl+C is): the
+same ``finally`` blocks run, which close the pool and remove half-written output, and no
+``except Exception`` swallows it. ``signals_deferred`` holds both signals back over a step that
+must not stop halfway (installing a finished directory over an old one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+_T = TypeVar("_T")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PARENT_POLL_SECONDS = 0.5
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received; ``signum`` gives the conventional exit status 128 + 15."""
+
+    signum = signal.SIGTERM
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: end this process when ``parent_pid`` ends, leave Ctrl+C to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Forked workers inherit the parent's handlers: a SIGTERM sent to a worker must end it, not
+    # become an exception that the pool sends back to the parent as a task's result.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if not _set_parent_death_signal():
+        threading.Thread(
+            target=_watch_parent, args=(parent_pid,), name="watch-parent", daemon=True
+        ).start()
+    # The parent may have died before the kernel knew to tell us (we are then someone else's child).
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _set_parent_death_signal() -> bool:
+    """SIGKILL this process when its parent (the thread that forked it) ends; False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+class _StopState:
+    """What ``stop_on_signals`` received, and whether a deferring block is open."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.raised = False
+        self.deferring = 0
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.received is not None:
+            return  # already stopping: the cleanup under way is short, let it finish
+        self.received = signum
+        if not self.deferring:
+            self.raised = True
+            raise _interrupt(signum)
+
+
+_state: _StopState | None = None
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` and SIGTERM ``Terminated`` once; later ones are ignored
+    while the block unwinds. Off the main thread (where Python cannot handle signals) a no-op.
+
+    An exception that the signal caused indirectly (a worker killed by the same group's signal)
+    is reported as the signal."""
+    global _state
+    if threading.current_thread() is not threading.main_thread() or _state is not None:
+        yield
+        return
+    state = _StopState()
+    previous = {signum: signal.signal(signum, state.handle) for signum in _STOP_SIGNALS}
+    _state = state
+    try:
+        yield
+    except Exception:
+        if state.received is None:
+            raise
+        raise _interrupt(state.received) from None
+    finally:
+        _state = None
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A signal that arrives in the block stops the run only after it (under ``stop_on_signals``)."""
+    state = _state
+    if state is None:
+        yield
+        return
+    state.deferring += 1
+    try:
+        yield
+    finally:
+        state.deferring -= 1
+    if not state.deferring and state.received is not None and not state.raised:
+        state.raised = True
+        raise _interrupt(state.received)
+
+
+def run_interruptibly(function: Callable[[], _T]) -> _T:
+    """``function()`` on a daemon thread while this one waits, so that a signal is handled at once
+    even when ``function`` is one long call into C (SentencePiece training) that releases the GIL.
+    Interrupted, the thread is abandoned: it ends with the process."""
+    result: list[_T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(function())
+        except BaseException as raised:  # handed to the waiting thread, which raises it
+            error.append(raised)
+
+    thread = threading.Thread(target=target, name="interruptible", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
