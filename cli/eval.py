@@ -26,10 +26,11 @@ from nmt.eval.translate import (
     load_split,
     read_references,
 )
-from nmt.fileio import check_apart, write_output
+from nmt.fileio import write_output
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
+    command_paths,
     config_from_args,
     log_to_stderr,
     run_main,
@@ -55,11 +56,13 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     log_to_stderr()
     return run_main(
         "nmt-eval",
         lambda: _evaluate(config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)),
+        paths=command_paths(parser, args),
     )
 
 
@@ -94,23 +97,6 @@ def load_translator(io: EvalIOConfig, cfg: EvalConfig, paths: list[str]) -> Tran
     return Translator.from_checkpoint(
         paths, device=io.device, config=cfg, average=average, dtype=dtype
     )
-
-
-def check_output_apart(io: EvalIOConfig, paths: list[str]) -> None:
-    """Refuse (one line) an output that would replace what nmt-eval reads: --input, --reference,
-    a checkpoint, or a file inside an export or DATA_DIR."""
-    if io.output_path is None:
-        return
-    option = "--results-path" if io.results_path is not None else "--output"
-    inputs = [("--path", path) for path in paths]
-    for name, path in (
-        ("--input", io.input),
-        ("--reference", io.reference),
-        ("DATA_DIR", io.data_dir),
-    ):
-        if path not in (None, "-"):
-            inputs.append((name, path))
-    check_apart([(option, io.output_path)], inputs)
 
 
 @dataclass
@@ -261,9 +247,6 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
             f"--sampling: {path} is an export, whose CTranslate2 sampler continues one stream per "
             "thread, so a resumed run would sample otherwise; sample with the checkpoint (beam works with both)"
         )
-    check_apart(
-        [("--output-dataset", io.output_dataset)], [("--path", path), ("DATA_DIR", io.data_dir)]
-    )
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     barrier = None
     if world_size > 1:
@@ -301,6 +284,7 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
             destdir=io.output_dataset,
             cfg=cfg,
             options=options,
+            overwrite=io.overwrite,
             rank=int(os.environ.get("RANK", "0")),
             world_size=world_size,
             barrier=barrier,
@@ -322,7 +306,6 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     if io.output_dataset is not None:
         return _generate_dataset(io, cfg)
     paths = checkpoint_paths(io)
-    check_output_apart(io, paths)  # before the model loads: a refusal costs nothing
     translator = load_translator(io, cfg, paths)
     if io.format == "fairseq" or io.score_reference:
         translator.require_forced_decoding()  # before any decoding, not after the whole input

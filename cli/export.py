@@ -8,7 +8,7 @@ import os
 import sys
 
 from nmt.deploy.ct2 import QUANTIZATIONS, export_ctranslate2
-from nmt_cli.options import ArgumentParser, log_to_stderr, run_main
+from nmt_cli.options import ArgumentParser, command_paths, log_to_stderr, mark_path, run_main
 
 
 def build_parser() -> ArgumentParser:
@@ -20,8 +20,12 @@ def build_parser() -> ArgumentParser:
             "--format huggingface writes a MarianMT directory for transformers (pip install 'nmt[hf]')."
         ),
     )
-    parser.add_argument(
-        "checkpoint", metavar="CKPT", help="checkpoint file; a,b,c averages their weights"
+    mark_path(
+        parser.add_argument(
+            "checkpoint", metavar="CKPT", help="checkpoint file; a,b,c averages their weights"
+        ),
+        "read",
+        separator=",",
     )
     parser.add_argument(
         "--format",
@@ -34,15 +38,21 @@ def build_parser() -> ArgumentParser:
         choices=QUANTIZATIONS,
         help="weight type (default: float32; CTranslate2 only)",
     )
-    parser.add_argument(
-        "--scores",
-        metavar="FILE",
-        help="huggingface: nmt-eval's output with the test scores and signatures, for the model card",
+    mark_path(
+        parser.add_argument(
+            "--scores",
+            metavar="FILE",
+            help="huggingface: nmt-eval's output with the test scores and signatures, for the model card",
+        ),
+        "read",
     )
-    parser.add_argument(
-        "--output-dir",
-        required=True,
-        help="directory to write (built aside, renamed into place when complete)",
+    mark_path(
+        parser.add_argument(
+            "--output-dir",
+            required=True,
+            help="directory to write (built aside, renamed into place when complete)",
+        ),
+        "export",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace an existing non-empty --output-dir"
@@ -85,9 +95,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     log_to_stderr()
-    return run_main("nmt-export", lambda: _export(args))
+    return run_main("nmt-export", lambda: _export(args), paths=command_paths(parser, args))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from nmt.config import FilterConfig
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
+    command_paths,
     config_from_args,
     log_to_stderr,
     run_main,
@@ -30,9 +31,14 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     log_to_stderr()
-    return run_main("nmt-filter", lambda: _filter(config_from_args(FilterConfig, args)))
+    return run_main(
+        "nmt-filter",
+        lambda: _filter(config_from_args(FilterConfig, args)),
+        paths=command_paths(parser, args),
+    )
 
 
 def _filter(cfg: FilterConfig) -> int:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from nmt_cli.options import ArgumentParser, log_to_stderr, run_main
+from nmt_cli.options import ArgumentParser, command_paths, log_to_stderr, mark_path, run_main
 
 
 def build_parser() -> ArgumentParser:
@@ -25,7 +25,12 @@ def build_parser() -> ArgumentParser:
             "model(s) for nmt-preprocess --spm-model."
         ),
     )
-    parser.add_argument("source", metavar="SOURCE", help="MarianMT directory or fairseq checkpoint")
+    mark_path(
+        parser.add_argument(
+            "source", metavar="SOURCE", help="MarianMT directory or fairseq checkpoint"
+        ),
+        "read",
+    )
     parser.add_argument(
         "--from",
         dest="source_format",
@@ -33,11 +38,23 @@ def build_parser() -> ArgumentParser:
         choices=("huggingface", "fairseq"),
         help="what SOURCE is",
     )
-    parser.add_argument("--output-dir", required=True, help="directory to write")
-    parser.add_argument("--dict", help="fairseq: dict.txt (one for both sides, or source,target)")
-    parser.add_argument(
-        "--spm-model",
-        help="fairseq: the SentencePiece model the data was encoded with (one, or source,target)",
+    mark_path(
+        parser.add_argument("--output-dir", required=True, help="directory to write"), "export"
+    )
+    mark_path(
+        parser.add_argument(
+            "--dict", help="fairseq: dict.txt (one for both sides, or source,target)"
+        ),
+        "read",
+        separator=",",
+    )
+    mark_path(
+        parser.add_argument(
+            "--spm-model",
+            help="fairseq: the SentencePiece model the data was encoded with (one, or source,target)",
+        ),
+        "read",
+        separator=",",
     )
     parser.add_argument(
         "-s", "--source-lang", help="source language (default: from the model's files)"
@@ -87,9 +104,14 @@ def _import(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(words)
+    parser = build_parser()
+    args = parser.parse_args(words)
     log_to_stderr()
-    return run_main("nmt-import", lambda: _import(args, ["nmt-import", *words]))
+    return run_main(
+        "nmt-import",
+        lambda: _import(args, ["nmt-import", *words]),
+        paths=command_paths(parser, args),
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from nmt.config import field_types, option_name
+from nmt.fileio import PATH_KINDS, PathOption
 
 T = TypeVar("T")
 
@@ -153,18 +154,50 @@ def add_config_arguments(
         if meta.get("positional"):
             if not required:
                 kwargs.update(nargs="?", default=f.default)
-            parser.add_argument(dest_prefix + f.name, **kwargs)
-            continue
-        if only_when_given:
-            kwargs["default"] = argparse.SUPPRESS
-        elif origin is list:
-            kwargs["default"] = None  # argparse would extend a default list in place
-            kwargs["required"] = bool(meta.get("required"))
-        elif required:
-            kwargs["required"] = True
+            action = parser.add_argument(dest_prefix + f.name, **kwargs)
         else:
-            kwargs["default"] = f.default
-        parser.add_argument(option, *meta.get("aliases", ()), dest=dest_prefix + f.name, **kwargs)
+            if only_when_given:
+                kwargs["default"] = argparse.SUPPRESS
+            elif origin is list:
+                kwargs["default"] = None  # argparse would extend a default list in place
+                kwargs["required"] = bool(meta.get("required"))
+            elif required:
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = f.default
+            action = parser.add_argument(
+                option, *meta.get("aliases", ()), dest=dest_prefix + f.name, **kwargs
+            )
+        mark_path(action, meta.get("path"), separator=meta.get("path_separator"))
+
+
+def mark_path(action: argparse.Action, kind: str | None, *, separator: str | None = None) -> None:
+    """Declare that ``action``'s option names a path and what the command does there
+    (``nmt.fileio.PATH_KINDS``): ``run_main`` passes every declared path through the output guard.
+    Options that are not config fields declare theirs with this too."""
+    if kind is None:
+        return
+    assert kind in PATH_KINDS, kind
+    action.path_kind = kind  # type: ignore[attr-defined]
+    action.path_separator = separator  # type: ignore[attr-defined]
+
+
+def command_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[PathOption]:
+    """Every path the command was given, with what it does there, from the options' declarations."""
+    paths = []
+    for action in parser._actions:
+        kind = getattr(action, "path_kind", None)
+        value = getattr(args, action.dest, None)
+        if kind is None or value in (None, argparse.SUPPRESS):
+            continue
+        longest = max(action.option_strings, key=len, default=None)
+        option = longest or str(action.metavar)
+        separator = action.path_separator  # type: ignore[attr-defined]
+        for item in value if isinstance(value, list | tuple) else [value]:
+            for path in item.split(separator) if separator else [item]:
+                if path:
+                    paths.append(PathOption(option, path, kind))
+    return paths
 
 
 def config_values(cls: type, args: argparse.Namespace, *, dest_prefix: str = "") -> dict[str, Any]:
@@ -203,9 +236,14 @@ def log_to_stderr(level: int = logging.INFO, *, rank: int | None = None) -> None
 
 
 def run_main(
-    prog: str, main: Callable[[], int], *, extra: tuple[type[BaseException], ...] = ()
+    prog: str,
+    main: Callable[[], int],
+    *,
+    paths: list[PathOption],
+    extra: tuple[type[BaseException], ...] = (),
 ) -> int:
-    """Every user-facing failure as one line naming the file, line or option and the cause.
+    """The output guard over ``paths`` (``command_paths``), then ``main``; every user-facing
+    failure as one line naming the file, line or option and the cause.
 
     ValueError is the toolkit's user error (bad option, bad data); OSError is reported with its path
     (disk full, permission denied...); ``extra`` are further exception types the command reports
@@ -213,9 +251,10 @@ def run_main(
     """
     import sys
 
-    from nmt.fileio import describe_os_error
+    from nmt.fileio import check_written_paths, describe_os_error
 
     try:
+        check_written_paths(paths)
         return main()
     except ValueError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)

@@ -10,6 +10,7 @@ from nmt.config import PlotConfig
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
+    command_paths,
     config_from_args,
     log_to_stderr,
     run_main,
@@ -29,7 +30,8 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     log_to_stderr()
     for chatty in (
         "matplotlib",
@@ -38,11 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
     def run() -> int:
-        from nmt.fileio import check_apart
         from nmt.plot import plot_curves, read_curves
 
         cfg = config_from_args(PlotConfig, args)
-        check_apart([("--output", cfg.output)], [("LOG", cfg.log)])
         curves = read_curves(cfg.log)
         plot_curves(curves, cfg.output, title=cfg.title or cfg.log)
         summary = ", ".join(
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {cfg.output}: {summary}", file=sys.stderr)
         return 0
 
-    return run_main("nmt-plot", run)
+    return run_main("nmt-plot", run, paths=command_paths(parser, args))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from nmt.config import PreprocessConfig
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
+    command_paths,
     config_from_args,
     log_to_stderr,
     run_main,
@@ -24,7 +25,8 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     log_to_stderr()
 
     def run() -> int:
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
-    return run_main("nmt-preprocess", run)
+    return run_main("nmt-preprocess", run, paths=command_paths(parser, args))
 
 
 if __name__ == "__main__":

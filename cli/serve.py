@@ -17,8 +17,10 @@ from nmt.eval.translate import Translator, language_pair
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
+    command_paths,
     config_from_args,
     log_to_stderr,
+    mark_path,
     run_main,
 )
 
@@ -38,8 +40,11 @@ def build_parser() -> ArgumentParser:
             "Needs pip install 'nmt[serve]' (and 'nmt[ct2]' for an exported directory)."
         ),
     )
-    parser.add_argument(
-        "--path", required=True, help="checkpoint file, or a directory written by nmt-export"
+    mark_path(
+        parser.add_argument(
+            "--path", required=True, help="checkpoint file, or a directory written by nmt-export"
+        ),
+        "read",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
@@ -167,9 +172,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     log_to_stderr()
-    return run_main("nmt-serve", lambda: _serve(args))
+    return run_main("nmt-serve", lambda: _serve(args), paths=command_paths(parser, args))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from nmt.data.spm import PAD_ID
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
+    command_paths,
     config_from_args,
     config_values,
     log_to_stderr,
@@ -186,7 +187,8 @@ def make_bleu_validator(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     log_all = rank == 0 or vars(args)["logging.log_all_ranks"]
     log_to_stderr(logging.INFO if log_all else logging.WARNING, rank=rank)
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     # RuntimeError: non-finite training, collective failures (a peer rank died)
-    return run_main("nmt-train", run, extra=(RuntimeError,))
+    return run_main("nmt-train", run, paths=command_paths(parser, args), extra=(RuntimeError,))
 
 
 if __name__ == "__main__":

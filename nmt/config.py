@@ -34,12 +34,17 @@ def opt(
     required: bool = False,
     const: Any = None,
     default_factory: Any = dataclasses.MISSING,
+    path: str | None = None,
+    path_separator: str | None = None,
 ) -> Any:
     """A config field with what its command-line option needs (help, choices, fairseq aliases).
 
     ``cli=False``: set by the program (e.g. vocabulary sizes from the manifest), never a flag.
     ``required``: a list option that must be given at least once. ``const``: the value of the
     option given without one (fairseq's ``--eval-bleu-remove-bpe`` alone means ``@@ ``).
+    ``path``: the option names a path, and what the command does there (``nmt.fileio.PATH_KINDS``:
+    read it, or write a file, a dataset...); every command passes such options through one guard
+    (``nmt.fileio.check_written_paths``). ``path_separator``: the value may list several paths.
     """
     metadata = {
         "help": help,
@@ -50,6 +55,8 @@ def opt(
         "positional": positional,
         "required": required,
         "const": const,
+        "path": path,
+        "path_separator": path_separator,
     }
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
@@ -109,7 +116,7 @@ LANG_TOK_PLACEMENTS = ("encoder", "decoder")  # where a multilingual model reads
 
 @dataclass
 class PreprocessConfig:
-    destdir: str = opt(help="output directory of the dataset")
+    destdir: str = opt(help="output directory of the dataset", path="dataset")
     source_lang: str = opt(
         "", "source language suffix of the text files (or --lang-pairs)", aliases=("-s",)
     )
@@ -139,15 +146,20 @@ class PreprocessConfig:
         default_factory=list,
         required=True,
         help="P reads P.SRC/P.TGT (or .gz, .xz, .zst); comma-separate or repeat for several corpora",
+        path="prefix",
     )
     validpref: list[str] = opt(
-        default_factory=list, help="never filtered; comma-separate or repeat"
+        default_factory=list, help="never filtered; comma-separate or repeat", path="prefix"
     )
-    testpref: list[str] = opt(default_factory=list, help="never filtered; comma-separate or repeat")
+    testpref: list[str] = opt(
+        default_factory=list, help="never filtered; comma-separate or repeat", path="prefix"
+    )
     spm_model: str | None = opt(
         None,
         "reuse this SentencePiece model instead of training one; SRC,TGT: one per language "
         "(e.g. the ones nmt-import wrote)",
+        path="read",
+        path_separator=",",
     )
     spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size")
     spm_model_type: str = opt("unigram", "SentencePiece algorithm", choices=("unigram", "bpe"))
@@ -600,7 +612,7 @@ def parse_direction_factors(text: str) -> dict[str, float]:
 class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
 
-    data_dir: str = opt(help="directory written by nmt-preprocess", positional=True)
+    data_dir: str = opt(help="directory written by nmt-preprocess", positional=True, path="read")
     task: str = opt(
         "translation", "fairseq's task name: translation is the only one", choices=("translation",)
     )
@@ -640,6 +652,8 @@ class DataConfig:
         None,
         "difficulty order: length; file:PATH with one score per training line (one file per "
         "--train-subsets entry, comma-separated); or model:CHECKPOINT (each pair scored by that model's loss)",
+        path="read",
+        path_separator=",",
     )
     num_workers: int = opt(0, "data-loading worker processes")
     verify_data: bool = opt(
@@ -775,12 +789,15 @@ class CheckpointConfig:
     """Where and when to save, when to validate, which checkpoint is the best."""
 
     save_dir: str = opt(
-        "checkpoints", "directory of the checkpoints (a run resumes from its checkpoint_last.pt)"
+        "checkpoints",
+        "directory of the checkpoints (a run resumes from its checkpoint_last.pt)",
+        path="save_dir",
     )
     restore_file: str | None = opt(
         None,
         "start a new run (no checkpoint_last.pt in --save-dir yet) from this checkpoint; once the run has "
         "its own checkpoint_last.pt, it resumes from that",
+        path="read",
     )
     reset_dataloader: bool = opt(
         False, "on resume, start the data over (epoch 1) and accept other data or batching options"
@@ -883,12 +900,12 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    tensorboard_logdir: str | None = opt(None, "write TensorBoard scalars here")
+    tensorboard_logdir: str | None = opt(None, "write TensorBoard scalars here", path="dir")
     log_interval: int = opt(10, "log training statistics every N updates")
     log_format: str = opt(
         "simple", "simple, or json (one object per line on stdout)", choices=("simple", "json")
     )
-    log_file: str | None = opt(None, "also append the log lines to this file")
+    log_file: str | None = opt(None, "also append the log lines to this file", path="file")
     log_all_ranks: bool = opt(False, "log from every rank, not only rank 0")
     no_progress_bar: bool = opt(False, "no progress bar (the log lines stay)")
 
@@ -1059,9 +1076,15 @@ class EvalIOConfig:
         help="checkpoint file; a.pt:b.pt:c.pt ensembles them (the mean of their probabilities at every "
         "step, as fairseq-generate does; one vocabulary); with --average one model of their averaged "
         "weights; with --average-last N a save dir. A comma is part of a file name, never a separator",
+        path="read",
+        path_separator=":",
     )
     data_dir: str | None = opt(
-        None, "a directory written by nmt-preprocess", positional=True, metavar="DATA_DIR"
+        None,
+        "a directory written by nmt-preprocess",
+        positional=True,
+        metavar="DATA_DIR",
+        path="read",
     )
     average: bool = opt(
         False,
@@ -1089,19 +1112,23 @@ class EvalIOConfig:
     input: str | None = opt(
         None,
         "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)",
+        path="read",
     )
     reference: str | None = opt(
         None,
         "raw reference text to score against (overrides the split's own); as many lines as the source",
+        path="read",
     )
     output: str | None = opt(
         None,
         "write the output here (in input order; --nbest N: N lines per input line in plain format)",
+        path="file",
     )
     results_path: str | None = opt(
         None,
         "write the output to DIR/generate-SPLIT.txt (fairseq-generate's option)",
         metavar="DIR",
+        path="dir",
     )
     format: str = opt(
         "plain",
@@ -1139,6 +1166,7 @@ class EvalIOConfig:
         "back-translate DATA_DIR's monolingual --split (nmt-preprocess --only-source) into a parallel "
         "dataset here: synthetic source, real target, the same vocabulary; resumable, sharded under torchrun",
         metavar="DIR",
+        path="dataset",
     )
     synthetic_side: str = opt(
         "source",
@@ -1160,6 +1188,10 @@ class EvalIOConfig:
         3.0,
         "--output-dataset: leave out pairs whose longer side exceeds this ratio to the shorter "
         "(tokens; 0: keep all), counted in the manifest",
+    )
+    overwrite: bool = opt(
+        False,
+        "--output-dataset: replace a dataset nmt-eval made there with other options or another model",
     )
     chunk_sentences: int = opt(
         2048,
@@ -1232,7 +1264,7 @@ class EvalIOConfig:
 
     def _check_output_dataset(self) -> None:
         if self.output_dataset is None:
-            for name in ("tag_source", "source_noise"):
+            for name in ("tag_source", "source_noise", "overwrite"):
                 _require(not getattr(self, name), name, "only applies with --output-dataset")
             _require(
                 self.synthetic_side == "source",
@@ -1285,21 +1317,31 @@ class FilterConfig:
     """nmt-filter: pairs scored by dual conditional cross-entropy, the best kept (Junczys-Dowmunt 2018)."""
 
     data_dir: str = opt(
-        help="dataset to score (e.g. one nmt-eval --output-dataset wrote)", positional=True
+        help="dataset to score (e.g. one nmt-eval --output-dataset wrote)",
+        positional=True,
+        path="read",
     )
-    forward: str = opt(help="checkpoint translating the dataset's source into its target")
-    reverse: str = opt(help="checkpoint translating the dataset's target into its source")
+    forward: str = opt(
+        help="checkpoint translating the dataset's source into its target", path="read"
+    )
+    reverse: str = opt(
+        help="checkpoint translating the dataset's target into its source", path="read"
+    )
     split: str = opt("train", "split of DATA_DIR to score")
     keep_fraction: float | None = opt(
         None, "keep this fraction of the pairs, those with the lowest scores"
     )
     threshold: float | None = opt(None, "keep the pairs scoring at most this")
     destdir: str | None = opt(
-        None, "write the kept pairs here as a dataset (same vocabulary; blend it by DIR/train)"
+        None,
+        "write the kept pairs here as a dataset (same vocabulary; blend it by DIR/train)",
+        path="dataset",
     )
+    overwrite: bool = opt(False, "replace an existing --destdir that nmt-filter made")
     scores: str | None = opt(
         None,
         "write each pair's score here, one a line in the split's order (nmt-train --curriculum file:)",
+        path="file",
     )
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
 
@@ -1321,6 +1363,7 @@ class FilterConfig:
             "destdir",
             "goes with --keep-fraction or --threshold (which pairs it keeps), and they with it",
         )
+        _require(not self.overwrite or self.destdir is not None, "overwrite", "needs --destdir")
         _require(
             keeps or self.scores is not None,
             "scores",
@@ -1337,11 +1380,13 @@ class PlotConfig:
         "or a --tensorboard-logdir directory (or one event file)",
         positional=True,
         metavar="LOGDIR_OR_JSONLOG",
+        path="read",
     )
     output: str = opt(
         "curves.png",
         "the picture to write (PNG, or any format matplotlib knows by the suffix)",
         aliases=("-o",),
+        path="file",
     )
     title: str | None = opt(None, "figure title (default: the log's path)")
 

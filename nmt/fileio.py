@@ -7,10 +7,12 @@ moment leaves either the old file or the new one, never a torn one, and no tempo
 (except after kill -9, which ``remove_stale_temporaries`` sweeps up at the next start, under the
 directory's lock).
 
-What a user names as an output never destroys what the command reads: ``check_apart`` compares
-outputs with inputs by inode; ``write_output`` streams to a FIFO, a terminal or stdout instead of
-replacing it; ``Destination``/``install_directory`` replace a directory only when the same command
-made it (``MADE_BY``).
+What a user names as an output never destroys what the command reads or what nmt keeps: every
+command passes all its path options through ``check_written_paths`` (the one guard: outputs against
+inputs by inode, against the datasets, exports and save dirs nmt manages, and against each other);
+``write_output`` streams to a FIFO, a terminal or stdout instead of replacing it;
+``Destination``/``install_directory`` replace a directory only when the same command made it
+(``MADE_BY``) and it holds nothing else nmt keeps.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import re
 import stat
@@ -243,7 +246,7 @@ def made_by(directory: str) -> str | None:
     """The command that installed ``directory`` (its ``MADE_BY`` marker), or None."""
     try:
         with open(os.path.join(directory, MADE_BY), encoding="utf-8") as handle:
-            return handle.read().strip() or None
+            return handle.readline(200).strip() or None
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -269,6 +272,15 @@ def check_destination(destination: Destination) -> None:
         raise ValueError(
             f"{path}: not a directory {destination.made_by} made (no {MADE_BY} naming it), so "
             f"{flag} does not replace it; remove it yourself or choose another {option}"
+        )
+    # A sharded dataset's parts are datasets the same command made: replaced with it.
+    kept = next(
+        (item for item in _kept_below(path) if made_by(item[1]) != destination.made_by), None
+    )
+    if kept is not None:
+        raise ValueError(
+            f"{path}: holds {_describe(*kept)}, which {flag} would delete with it; move it out "
+            f"or choose another {option}"
         )
 
 
@@ -343,3 +355,191 @@ def _acquire(lock_path: str, *, what: str, shared: bool, wait: bool) -> int:
         except FileNotFoundError:
             pass
         os.close(fd)  # locked a file its last holder had just removed: lock the new one
+
+
+# ------------------------------------------------------------------------------- the output guard
+READ = "read"  # a file or directory the command reads
+PREFIX = "prefix"  # read as PREFIX.SUFFIX files (nmt-preprocess's --trainpref)
+# What a command writes at a path: a file, a directory of files (TensorBoard, --results-path), or
+# one of the directories nmt manages.
+FILE, DIRECTORY, SAVE_DIR, DATASET, EXPORT = "file", "dir", "save_dir", "dataset", "export"
+PATH_KINDS = (READ, PREFIX, FILE, DIRECTORY, SAVE_DIR, DATASET, EXPORT)
+# Replaced whole by --overwrite/--force and checksummed: nothing else may be written inside them.
+REPLACED_WHOLE = (DATASET, EXPORT)
+_MAKERS = {
+    "nmt-preprocess": DATASET,
+    "nmt-eval --output-dataset": DATASET,
+    "nmt-filter": DATASET,
+    "nmt-export": EXPORT,
+    "nmt-import": EXPORT,
+}
+# A dataset from before the markers has its manifest; a save dir is known by its checkpoints.
+_DATASET_FILE = "manifest.json"
+_SAVE_DIR_FILES = ("checkpoint_last.pt", "checkpoint_best.pt")
+_CHECKPOINT_SUFFIXES = (".pt", ".pth")
+_SCAN_DEPTH, _SCAN_ENTRIES = 2, 5000  # how far below an output directory kept things are looked for
+
+
+@dataclass(frozen=True)
+class PathOption:
+    """A path a command was given: its option (``--log-file``, or ``DATA_DIR`` for a positional),
+    the path, and what the command does there (``PATH_KINDS``)."""
+
+    option: str
+    path: str
+    kind: str
+
+
+def managed_kind(directory: str) -> str | None:
+    """What nmt keeps in ``directory``: DATASET or EXPORT (replaced whole by the command that made
+    them), SAVE_DIR (a run's checkpoints), or None."""
+    maker = made_by(directory)
+    if maker in _MAKERS:
+        return _MAKERS[maker]
+    if os.path.isfile(os.path.join(directory, _DATASET_FILE)):
+        return DATASET
+    if any(os.path.isfile(os.path.join(directory, name)) for name in _SAVE_DIR_FILES):
+        return SAVE_DIR
+    return None
+
+
+def _describe(kind: str, path: str) -> str:
+    what = {
+        DATASET: "a dataset",
+        EXPORT: "an exported model",
+        SAVE_DIR: "a save dir with checkpoints",
+        "checkpoint": "a checkpoint",
+    }[kind]
+    return f"{path}, {what}"
+
+
+def _is_checkpoint(path: str) -> bool:
+    """A PyTorch checkpoint (zip or pickle) by its name and first bytes."""
+    if not path.endswith(_CHECKPOINT_SUFFIXES) or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return False
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"
+
+
+def _kept_below(directory: str) -> Iterator[tuple[str, str]]:
+    """(kind, path) of what nmt keeps below ``directory`` (datasets, exports, save dirs,
+    checkpoints), down to a few levels and a few thousand entries: a bound, not a full walk."""
+    level = [directory]
+    seen = 0
+    for _ in range(_SCAN_DEPTH):
+        below = []
+        for parent in level:
+            try:
+                entries = list(itertools.islice(os.scandir(parent), _SCAN_ENTRIES - seen))
+            except OSError:
+                continue
+            seen += len(entries)
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    kind = managed_kind(entry.path)
+                    if kind is not None:
+                        yield kind, entry.path
+                    else:
+                        below.append(entry.path)
+                elif _is_checkpoint(entry.path):
+                    yield "checkpoint", entry.path
+            if seen >= _SCAN_ENTRIES:
+                return
+        level = below
+
+
+def _input_candidates(option: PathOption) -> list[tuple[str, str]]:
+    """The files an input option names: the path itself, a ``kind:PATH`` value's path (``--curriculum
+    model:CKPT``), and for a prefix every ``PREFIX.*`` file."""
+    path = option.path
+    paths = [path]
+    if re.match(r"^[a-z]+:", path) and not os.path.exists(path):
+        paths.append(path.split(":", 1)[1])
+    if option.kind == PREFIX:
+        directory, stem = os.path.split(path)
+        with contextlib.suppress(OSError):
+            paths += [
+                os.path.join(directory, name)
+                for name in os.listdir(directory or ".")
+                if name.startswith(stem + ".")
+            ]
+    return [(option.option, candidate) for candidate in paths]
+
+
+def _is_stream(path: str) -> bool:
+    """stdout, a FIFO, a terminal, /dev/null: written to, never replaced (``write_output``)."""
+    if path == "-":
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def check_written_paths(paths: Sequence[PathOption]) -> None:
+    """The one guard every command passes its path options through, before it writes anything.
+
+    ValueError (one line naming the option) when an output is, holds or lies inside an input
+    (``check_apart``: by inode, whatever the spelling); lies inside a dataset or an export, which
+    their commands replace whole and checksum; is a directory nmt manages of another kind than the
+    command writes there (a save dir that is a dataset, a dataset over a save dir); replaces a
+    checkpoint; is a save dir or log directory holding a dataset or an export; or is also another
+    output of the same command.
+    """
+    inputs = [
+        candidate for p in paths if p.kind in (READ, PREFIX) for candidate in _input_candidates(p)
+    ]
+    outputs = [p for p in paths if p.kind not in (READ, PREFIX) and not _is_stream(p.path)]
+    for output in outputs:
+        check_apart([(output.option, output.path)], inputs)
+        _check_place(output)
+    for first, second in itertools.combinations(outputs, 2):
+        into_one_directory = {first.kind, second.kind} <= {DIRECTORY, SAVE_DIR}
+        if not into_one_directory and _same_path(first.path, second.path):
+            raise ValueError(
+                f"{second.option} {second.path}: also given to {first.option}; each output "
+                "needs a place of its own"
+            )
+
+
+def _same_path(first: str, second: str) -> bool:
+    """The same file or directory, existing or still to be made, however it is spelled."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    own_first, own_second = _identities(first)[0], _identities(second)[0]
+    return own_first is not None and own_first == own_second
+
+
+def _check_place(output: PathOption) -> None:
+    real = os.path.realpath(output.path)
+    refuse = f"{output.option} {output.path}:"
+    kind = managed_kind(real) if os.path.isdir(real) else None
+    # Logs and TensorBoard files may go beside the checkpoints they describe.
+    beside_checkpoints = kind == SAVE_DIR and output.kind in (FILE, DIRECTORY)
+    if kind is not None and kind != output.kind and not beside_checkpoints:
+        raise ValueError(f"{refuse} is {_describe(kind, real)}; choose another {output.option}")
+    current = real
+    while (parent := os.path.dirname(current)) != current:
+        current = parent
+        above = managed_kind(current)
+        if above in REPLACED_WHOLE:
+            raise ValueError(
+                f"{refuse} lies inside {_describe(above, current)}, which is replaced whole and "
+                f"checksummed; choose a path outside it for {output.option}"
+            )
+    if output.kind == FILE and _is_checkpoint(real):
+        raise ValueError(
+            f"{refuse} is {_describe('checkpoint', real)}; choose another {output.option}"
+        )
+    if output.kind in (SAVE_DIR, DIRECTORY) and os.path.isdir(real):
+        held = next((k for k in _kept_below(real) if k[0] in REPLACED_WHOLE), None)
+        if held is not None:
+            raise ValueError(
+                f"{refuse} holds {_describe(*held)}; a {output.kind.replace('_', ' ')} and a "
+                f"dataset or export do not share a directory: choose another {output.option}"
+            )

@@ -283,6 +283,7 @@ def generate_dataset(
     destdir: str,
     cfg: EvalConfig,
     options: GenerationOptions,
+    overwrite: bool = False,
     rank: int = 0,
     world_size: int = 1,
     barrier: Any = None,
@@ -302,15 +303,21 @@ def generate_dataset(
         option="--output-dataset",
         replace_flag="--overwrite",
         made_by=MADE_BY,
+        replace=overwrite,
         inputs=[("DATA_DIR", data_dir), ("--path", model.path)],
     )
     with _run_lock(destdir, sharded=world_size > 1):
-        done = _finished(destdir, identity)
+        done = _finished(destdir, identity, overwrite=overwrite)
         if done is not None:
             logger.info("%s: already complete (the same options and model)", destdir)
             return done if rank == 0 else None
         check_destination(target)
         chunk_dir = os.path.join(os.path.dirname(destdir), f".{os.path.basename(destdir)}.chunks")
+        if overwrite:
+            if rank == 0:
+                _discard_other_translation(chunk_dir, identity)
+            if barrier is not None:
+                barrier()  # no rank claims the chunks before the stale ones are gone
         _claim_chunk_dir(chunk_dir, identity)
         if barrier is not None:
             barrier()  # every rank has checked the options before any writes a chunk
@@ -393,9 +400,10 @@ def _chunk_size(total: int, chunk_sentences: int, index: int) -> int:
     return min(chunk_sentences, total - index * chunk_sentences)
 
 
-def _finished(destdir: str, identity: dict[str, Any]) -> Manifest | None:
+def _finished(destdir: str, identity: dict[str, Any], *, overwrite: bool) -> Manifest | None:
     """The dataset at ``destdir`` when an earlier run of the same command completed it; a
-    dataset made otherwise is refused (one line naming what differs)."""
+    dataset made otherwise is refused (one line naming what differs), or with ``overwrite`` left
+    for ``check_destination`` to replace."""
     if not os.path.isfile(os.path.join(destdir, MANIFEST_NAME)):
         return None
     manifest = load_manifest(destdir)
@@ -403,12 +411,27 @@ def _finished(destdir: str, identity: dict[str, Any]) -> Manifest | None:
     if found is None:
         return None  # not ours: check_destination decides
     difference = _identity_difference(found, identity)
+    if difference and overwrite:
+        return None
     if difference:
         raise ValueError(
             f"{destdir}: translated with other options or another model "
-            f"({difference}); choose another --output-dataset"
+            f"({difference}); choose another --output-dataset, or pass --overwrite to replace it"
         )
     return manifest
+
+
+def _discard_other_translation(chunk_dir: str, identity: dict[str, Any]) -> None:
+    """--overwrite: the chunks a killed run of other options or another model left go."""
+    try:
+        with open(os.path.join(chunk_dir, OPTIONS_NAME), encoding="utf-8") as handle:
+            found = json.load(handle)
+    except FileNotFoundError:
+        return
+    except (OSError, json.JSONDecodeError):
+        found = None
+    if found is None or _identity_difference(found, identity):
+        shutil.rmtree(chunk_dir, ignore_errors=True)
 
 
 def _claim_chunk_dir(chunk_dir: str, identity: dict[str, Any]) -> None:
@@ -429,7 +452,7 @@ def _claim_chunk_dir(chunk_dir: str, identity: dict[str, Any]) -> None:
     if difference:
         raise ValueError(
             f"{chunk_dir}: a translation with other options or another model was begun here "
-            f"({difference}); rerun it as it was, or remove {chunk_dir}"
+            f"({difference}); rerun it as it was, or pass --overwrite to start over"
         )
 
 

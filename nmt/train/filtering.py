@@ -111,6 +111,7 @@ def filter_dataset(
             option="--destdir",
             replace_flag="--overwrite",
             made_by="nmt-filter",
+            replace=cfg.overwrite,
             inputs=[
                 ("DATA_DIR", cfg.data_dir),
                 ("--forward", cfg.forward),
