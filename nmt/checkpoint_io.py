@@ -13,10 +13,12 @@ so that no code from a checkpoint file ever runs. Keys:
 
 from __future__ import annotations
 
+import codecs
 import math
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Sequence
 from typing import Any
@@ -106,19 +108,95 @@ def atomic_torch_save(obj: dict[str, Any], path: str) -> None:
             raise
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """Load safely (``weights_only=True``) and check it is one of ours; clear errors otherwise."""
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTO = 0x80  # the first byte of a pickle of protocol 2 or later (torch's legacy format)
+
+
+def _first_sentence(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text.split(". ")[0].rstrip(".") if text else type(error).__name__
+
+
+def _looks_like_text(header: bytes) -> bool:
+    try:  # incremental: the header may end inside a character
+        text = codecs.getincrementaldecoder("utf-8")().decode(header)
+    except UnicodeDecodeError:
+        return False
+    return all(char.isprintable() or char in "\t\n\r\f\v" for char in text)
+
+
+def _why_not_loaded(header: bytes, error: Exception) -> str:
+    """Why ``torch.load`` failed, in a few words (torch's own messages run to pages)."""
+    if isinstance(error, pickle.UnpicklingError):
+        # torch re-raises the unpickler's error "from None" with pages of advice; the context keeps it.
+        error = error.__context__ if isinstance(error.__context__, Exception) else error
+        refused = re.search(r"GLOBAL (\S+)", str(error))
+        if refused:
+            return (
+                f"loading it would import {refused.group(1)}; only tensors and plain data are "
+                "loaded, so that no code from a file runs"
+            )
+    if not header.startswith(_ZIP_MAGIC) and header[:1] != bytes([_PICKLE_PROTO]):
+        return (
+            "a text file"
+            if _looks_like_text(header)
+            else "neither a zip archive nor a pickle, as torch.save writes"
+        )
+    if isinstance(error, EOFError):
+        return "truncated: it ends too early"
+    if isinstance(error, pickle.UnpicklingError):
+        return f"its pickle does not load safely: {_first_sentence(error)}"
+    return f"truncated or damaged: {_first_sentence(error)}"
+
+
+def load_torch_file(
+    path: str, *, what: str, allowed: Sequence[type] = (), refused_hint: str = ""
+) -> Any:
+    """``torch.load(weights_only=True)`` of a file a user named, ``allowed`` the classes it may
+    build besides tensors and plain data: every way the file can be wrong (missing, empty, text,
+    truncated, another zip, code in its pickle...) is one ValueError "PATH: not WHAT (why)".
+    ``refused_hint`` follows the reason when a class outside ``allowed`` is refused."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: a directory, not a checkpoint file")
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such checkpoint file")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError) as error:
-        first_line = (
-            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        )
-        raise ValueError(
-            f"{path}: not an nmt checkpoint (cannot be loaded safely: {first_line})"
-        ) from None
+        with open(path, "rb") as handle:
+            header = handle.read(512)
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read: {error.strerror or error}") from None
+    if not header:
+        raise ValueError(f"{path}: not {what} (an empty file)")
+    if header.startswith(_ZIP_MAGIC):
+        # Checked here: torch reports a truncated archive as "OSError: Invalid argument", pathless.
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            raise ValueError(f"{path}: not {what} (a truncated or damaged zip archive)") from None
+        if not any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
+            raise ValueError(f"{path}: not {what} (a zip archive without torch's data.pkl)")
+    try:
+        with warnings.catch_warnings(), torch.serialization.safe_globals(list(allowed)):
+            # Said of every pickle of protocol 4 or later, loadable or not: not the user's business.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
+    except OSError as error:
+        if error.filename is not None:  # the disk's fault, not the file's: said with its path
+            raise
+        reason = _why_not_loaded(header, error)
+    except Exception as error:
+        # Whatever the unpickler raises on bytes it cannot read (KeyError for text...) is the file's.
+        reason = _why_not_loaded(header, error)
+    hint = f"; {refused_hint}" if refused_hint and reason.startswith("loading it would") else ""
+    raise ValueError(f"{path}: not {what} ({reason}){hint}")
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Load safely (``weights_only=True``) and check it is one of ours; clear errors otherwise."""
+    state = load_torch_file(path, what="an nmt checkpoint")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path}: not an nmt checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:

@@ -23,14 +23,12 @@ import argparse
 import dataclasses
 import logging
 import os
-import pickle
-import zipfile
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from nmt.checkpoint_io import FORMAT, VERSION, bytes_to_tensor
+from nmt.checkpoint_io import FORMAT, VERSION, bytes_to_tensor, load_torch_file
 from nmt.config import ModelConfig
 from nmt.data.spm import EOS_ID, PAD_ID, SPECIAL_IDS
 from nmt.deploy.common import fused_projections, layer_pairs, write_import
@@ -64,34 +62,45 @@ def read_dictionary(path: str) -> list[str]:
         raise ValueError(f"--dict: cannot read {path}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a fairseq dictionary (not UTF-8 text)") from None
+    first_line = dict.fromkeys(_SPECIAL_PIECES, 0)  # 0: fairseq's own
     for number, line in enumerate(lines, start=1):
         if not line:
             continue
         fields = line.rstrip().rsplit(" ", 1)
-        if len(fields) == 2 and fields[1] == "#fairseq:overwrite":
+        overwrite = len(fields) == 2 and fields[1] == "#fairseq:overwrite"
+        if overwrite:
             fields = fields[0].rsplit(" ", 1)
         if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
             raise ValueError(f"{path}, line {number}: not 'piece count' (a fairseq dict.txt?)")
-        pieces.append(fields[0])
+        piece = fields[0]
+        if piece in first_line and not overwrite:  # fairseq's Dictionary refuses it too
+            where = (
+                f"line {first_line[piece]}" if first_line[piece] else "fairseq's special symbols"
+            )
+            raise ValueError(f"{path}, line {number}: {piece!r} again (also in {where})")
+        first_line.setdefault(piece, number)
+        pieces.append(piece)
+    if len(pieces) == len(_SPECIAL_PIECES):
+        raise ValueError(f"{path}: an empty fairseq dictionary (no 'piece count' line)")
     return pieces
 
 
 def load_fairseq_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(model state dict, model args as a dict) of a fairseq checkpoint, loaded safely."""
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such checkpoint file")
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"{path}: not a fairseq checkpoint that loads safely ({first}); a checkpoint holding "
-            "omegaconf objects can be rewritten with plain dicts by fairseq's "
-            "checkpoint_utils.torch_persistent_save after OmegaConf.to_container"
-        ) from None
+    state = load_torch_file(
+        path,
+        what="a fairseq checkpoint",
+        allowed=[argparse.Namespace],
+        refused_hint="a checkpoint holding omegaconf objects can be rewritten with plain dicts by "
+        "fairseq's checkpoint_utils.torch_persistent_save after OmegaConf.to_container",
+    )
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path}: not a fairseq checkpoint (no 'model' entry)")
+    weights = state["model"]
+    if not isinstance(weights, dict) or not all(
+        isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in weights.items()
+    ):
+        raise ValueError(f"{path}: not a fairseq checkpoint (its 'model' is not a dict of tensors)")
     args = state.get("args")
     if args is None and isinstance(state.get("cfg"), dict):
         args = state["cfg"].get("model")
@@ -101,9 +110,26 @@ def load_fairseq_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict[st
         raise ValueError(
             f"{path}: a fairseq checkpoint without its model options ('args' or 'cfg')"
         )
-    if not any(key.startswith("encoder.layers.") for key in state["model"]):
+    arch = args.get("arch") or args.get("_name")
+    if isinstance(arch, str) and not arch.startswith("transformer"):
+        raise ValueError(
+            f"{path}: a fairseq {arch} model; nmt imports fairseq's transformer (--arch transformer*)"
+        )
+    if not any(key.startswith("encoder.layers.") for key in weights):
         raise ValueError(f"{path}: not a fairseq transformer (no encoder.layers.* weights)")
-    return state["model"], args
+    return weights, args
+
+
+def _number(args: dict[str, Any], key: str, kind: type, *, name: str, default: Any = None) -> Any:
+    """``kind(args[key])`` (``default`` when absent); a missing or non-numeric option in one line."""
+    value = args.get(key, default)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        found = "missing" if value is None else f"{value!r}, not a number"
+        raise ValueError(
+            f"{name}: fairseq option {key} is {found} (not a transformer's options?)"
+        ) from None
 
 
 def fairseq_model_config(
@@ -118,40 +144,52 @@ def fairseq_model_config(
         raise ValueError(
             f"{name}: fairseq's --activation-fn {activation} has no counterpart here (relu, gelu)"
         )
-    output_dim = args.get("decoder_output_dim") or args["decoder_embed_dim"]
-    if output_dim != args["decoder_embed_dim"]:
+    numbers = {
+        key: _number(args, key, int, name=name)
+        for key in (
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_embed_dim",
+            "decoder_embed_dim",
+            "encoder_ffn_embed_dim",
+            "decoder_ffn_embed_dim",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+        )
+    }
+    for key, default in (("max_source_positions", 1024), ("max_target_positions", 1024)):
+        numbers[key] = _number(args, key, int, name=name, default=default)
+    for key, default in (
+        ("dropout", 0.1),
+        ("attention_dropout", 0.0),
+        ("activation_dropout", args.get("relu_dropout", 0.0)),
+    ):
+        numbers[key] = _number(args, key, float, name=name, default=default)
+    output_dim = args.get("decoder_output_dim") or numbers["decoder_embed_dim"]
+    if output_dim != numbers["decoder_embed_dim"]:
         raise ValueError(f"{name}: fairseq's --decoder-output-dim differs from the embedding dim")
-    return ModelConfig(
-        src_vocab_size=src_vocab_size,
-        tgt_vocab_size=tgt_vocab_size,
-        pad_id=PAD_ID,
-        encoder_layers=int(args["encoder_layers"]),
-        decoder_layers=int(args["decoder_layers"]),
-        encoder_embed_dim=int(args["encoder_embed_dim"]),
-        decoder_embed_dim=int(args["decoder_embed_dim"]),
-        encoder_ffn_embed_dim=int(args["encoder_ffn_embed_dim"]),
-        decoder_ffn_embed_dim=int(args["decoder_ffn_embed_dim"]),
-        encoder_attention_heads=int(args["encoder_attention_heads"]),
-        decoder_attention_heads=int(args["decoder_attention_heads"]),
-        dropout=float(args.get("dropout", 0.1)),
-        attention_dropout=float(args.get("attention_dropout", 0.0)),
-        activation_dropout=float(args.get("activation_dropout", args.get("relu_dropout", 0.0))),
-        activation_fn=activation,
-        encoder_normalize_before=bool(args.get("encoder_normalize_before", False)),
-        decoder_normalize_before=bool(args.get("decoder_normalize_before", False)),
-        encoder_learned_pos=bool(args.get("encoder_learned_pos", False)),
-        decoder_learned_pos=bool(args.get("decoder_learned_pos", False)),
-        max_source_positions=int(args.get("max_source_positions", 1024)),
-        max_target_positions=int(args.get("max_target_positions", 1024)),
-        no_scale_embedding=bool(args.get("no_scale_embedding", False)),
-        share_all_embeddings=bool(args.get("share_all_embeddings", False)),
-        share_decoder_input_output_embed=bool(
-            args.get("share_decoder_input_output_embed", False)
-            or args.get("share_all_embeddings", False)
-        ),
-        position_offset=FAIRSEQ_SPECIALS["pad"] + 1,
-        decoder_start_id=EOS_ID,
-    )
+    try:
+        return ModelConfig(
+            src_vocab_size=src_vocab_size,
+            tgt_vocab_size=tgt_vocab_size,
+            pad_id=PAD_ID,
+            **numbers,
+            activation_fn=activation,
+            encoder_normalize_before=bool(args.get("encoder_normalize_before", False)),
+            decoder_normalize_before=bool(args.get("decoder_normalize_before", False)),
+            encoder_learned_pos=bool(args.get("encoder_learned_pos", False)),
+            decoder_learned_pos=bool(args.get("decoder_learned_pos", False)),
+            no_scale_embedding=bool(args.get("no_scale_embedding", False)),
+            share_all_embeddings=bool(args.get("share_all_embeddings", False)),
+            share_decoder_input_output_embed=bool(
+                args.get("share_decoder_input_output_embed", False)
+                or args.get("share_all_embeddings", False)
+            ),
+            position_offset=FAIRSEQ_SPECIALS["pad"] + 1,
+            decoder_start_id=EOS_ID,
+        )
+    except ValueError as error:  # ModelConfig's own checks name our option, not the file
+        raise ValueError(f"{name}: its options make no nmt model ({error})") from None
 
 
 def from_fairseq(
@@ -194,6 +232,11 @@ def from_fairseq(
             for fused, attention, parts in fused_projections(side):
                 for kind in ("weight", "bias"):
                     chunks = [take(f"{prefix}.{attention}.{part}.{kind}") for part in parts]
+                    if len({chunk.shape for chunk in chunks}) > 1:
+                        raise ValueError(
+                            f"{name}: {prefix}.{attention}.{'/'.join(parts)}.{kind} differ in "
+                            f"shape ({', '.join(str(tuple(chunk.shape)) for chunk in chunks)})"
+                        )
                     chunks = [
                         torch.zeros_like(chunk) if part == "k_proj" and kind == "bias" else chunk
                         for part, chunk in zip(parts, chunks)
@@ -224,6 +267,19 @@ def from_fairseq(
     if left:
         raise ValueError(f"{name}: {left[0]} has no counterpart in nmt's transformer")
     return ours
+
+
+def _check_shapes(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *, name: str
+) -> None:
+    """Each tensor of the shape the checkpoint's options give it (``load_state_dict`` would list
+    every mismatch over many lines)."""
+    for key, tensor in state.items():
+        if key in expected and tensor.shape != expected[key].shape:
+            raise ValueError(
+                f"{name}: its tensors do not fit its options (nmt's {key} would be "
+                f"{tuple(tensor.shape)}, its options make it {tuple(expected[key].shape)})"
+            )
 
 
 def import_fairseq(
@@ -289,6 +345,7 @@ def import_fairseq(
         name=checkpoint_path,
     )
     model = build_model(cfg)
+    _check_shapes(state, model.state_dict(), name=checkpoint_path)
     model.load_state_dict(state, strict=True)
     joint = converted[0].proto == converted[1].proto
     spm_files = ["spm.model"] if joint else [f"spm.{source_lang}.model", f"spm.{target_lang}.model"]

@@ -5,8 +5,14 @@ logits, computed by a reference forward written from fairseq's TransformerModel;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import math
+import os
+import pathlib
+import sys
+import types
+import zipfile
 
 import pytest
 import sentencepiece as sentencepiece_lib
@@ -178,7 +184,8 @@ def fairseq_vocab(tmp_path_factory):
     return root, lines, processor
 
 
-def _save_fairseq(path, state, *, learned, prenorm, layers=2):
+def _fairseq_args(*, learned, prenorm, layers=2, **changes):
+    """fairseq's args of a transformer as ``_state`` makes it; ``changes`` override (None: absent)."""
     args = argparse.Namespace(
         arch="transformer",
         encoder_embed_dim=DIM,
@@ -206,6 +213,16 @@ def _save_fairseq(path, state, *, learned, prenorm, layers=2):
         source_lang="en",
         target_lang="de",
     )
+    for name, value in changes.items():
+        if value is None:
+            delattr(args, name)
+        else:
+            setattr(args, name, value)
+    return args
+
+
+def _save_fairseq(path, state, *, learned, prenorm, layers=2, **changes):
+    args = _fairseq_args(learned=learned, prenorm=prenorm, layers=layers, **changes)
     torch.save(
         {"args": args, "model": state, "optimizer_history": [], "extra_state": {"epoch": 3}},
         str(path),
@@ -270,42 +287,273 @@ def test_fairseq_checkpoint_imports_with_fairseq_logits(fairseq_vocab, tmp_path,
     assert (logits[..., torch.tensor(ours_of_fairseq)] - expected).abs().max() < 1e-4
 
 
-def test_fairseq_import_errors_are_one_line(fairseq_vocab, tmp_path, capsys):
+class _RunsCode:
+    """Unpickling it makes a directory: proof that code from the file ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _save_with_omegaconf(path, state):
+    """A checkpoint whose cfg pickle names omegaconf.DictConfig (omegaconf is not installed here)."""
+    module = types.ModuleType("omegaconf")
+
+    class DictConfig(dict):
+        pass
+
+    DictConfig.__module__, DictConfig.__qualname__ = "omegaconf", "DictConfig"
+    module.DictConfig = DictConfig
+    sys.modules["omegaconf"] = module  # pickle finds the class by its module to save it
+    try:
+        return _save(path, {"model": state, "cfg": DictConfig(model={})})
+    finally:
+        del sys.modules["omegaconf"]
+
+
+@dataclasses.dataclass
+class _Good:
+    """What a bad input is made from: a good checkpoint's weights and file, its dict.txt."""
+
+    state: dict
+    checkpoint: pathlib.Path
+    dictionary: pathlib.Path
+
+
+def _write(path, data):
+    path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data, encoding="utf-8")
+    return path
+
+
+def _checkpoint_with(path, good, **changes):
+    """The good checkpoint with some args changed and ``model`` given or built by ``edit``."""
+    edit = changes.pop("edit", None)
+    state = dict(good.state)
+    if edit:
+        edit(state)
+    _save_fairseq(path, state, learned=False, prenorm=False, **changes)
+    return path
+
+
+def _resized(key, shape):
+    def edit(state):
+        state[key] = torch.zeros(shape)
+
+    return edit
+
+
+def _truncated_legacy(directory, good):
+    path = directory / "model.pt"
+    torch.save({"model": good.state}, str(path), _use_new_zipfile_serialization=False)
+    return _write(path, path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _zip_of_text(path):
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes/readme.txt", "not a checkpoint")
+    return path
+
+
+def _save(path, payload):
+    torch.save(payload, str(path))
+    return path
+
+
+ARGS = _fairseq_args(learned=False, prenorm=False)
+QKV = "encoder.layers.0.self_attn.q_proj/k_proj/v_proj.weight"
+# case -> (make the bad checkpoint file in a directory from the good inputs, the error after "PATH: ")
+BAD_CHECKPOINTS = {
+    "missing": (lambda d, g: d / "nothing.pt", "no such checkpoint file"),
+    "directory": (lambda d, g: d, "a directory, not a checkpoint file"),
+    "text": (
+        lambda d, g: _write(d / "model.pt", "a checkpoint\n"),
+        "not a fairseq checkpoint (a text file)",
+    ),
+    "empty": (lambda d, g: _write(d / "model.pt", b""), "not a fairseq checkpoint (an empty file)"),
+    "binary": (
+        lambda d, g: _write(d / "model.pt", bytes(range(256))),
+        "not a fairseq checkpoint (neither a zip archive nor a pickle, as torch.save writes)",
+    ),
+    "truncated": (
+        lambda d, g: _write(d / "model.pt", g.checkpoint.read_bytes()[:-100]),
+        "not a fairseq checkpoint (a truncated or damaged zip archive)",
+    ),
+    "truncated-legacy-format": (
+        _truncated_legacy,
+        "not a fairseq checkpoint (truncated or damaged: unexpected EOF, expected ",
+    ),
+    "other-zip": (
+        lambda d, g: _zip_of_text(d / "model.pt"),
+        "not a fairseq checkpoint (a zip archive without torch's data.pkl)",
+    ),
+    "runs-code": (
+        lambda d, g: _save(d / "model.pt", {"model": g.state, "x": _RunsCode(str(d / "ran"))}),
+        f"not a fairseq checkpoint (loading it would import {os.mkdir.__module__}.mkdir; only "
+        "tensors and plain data are loaded, so that no code from a file runs)",
+    ),
+    "omegaconf": (
+        lambda d, g: _save_with_omegaconf(d / "model.pt", g.state),
+        "not a fairseq checkpoint (loading it would import omegaconf.DictConfig; only tensors and "
+        "plain data are loaded, so that no code from a file runs); a checkpoint holding omegaconf "
+        "objects can be rewritten with plain dicts by fairseq's "
+        "checkpoint_utils.torch_persistent_save after OmegaConf.to_container",
+    ),
+    "no-model": (
+        lambda d, g: _save(d / "model.pt", {"args": ARGS}),
+        "not a fairseq checkpoint (no 'model' entry)",
+    ),
+    "model-not-tensors": (
+        lambda d, g: _save(d / "model.pt", {"args": ARGS, "model": {"encoder.layers.0.fc1": 1}}),
+        "not a fairseq checkpoint (its 'model' is not a dict of tensors)",
+    ),
+    "no-options": (
+        lambda d, g: _save(d / "model.pt", {"model": g.state}),
+        "a fairseq checkpoint without its model options ('args' or 'cfg')",
+    ),
+    "lstm": (
+        lambda d, g: _checkpoint_with(d / "model.pt", g, arch="lstm"),
+        "a fairseq lstm model; nmt imports fairseq's transformer (--arch transformer*)",
+    ),
+    "decoder-only": (
+        lambda d, g: _save(
+            d / "model.pt",
+            {"args": ARGS, "model": {k: v for k, v in g.state.items() if k.startswith("decoder")}},
+        ),
+        "not a fairseq transformer (no encoder.layers.* weights)",
+    ),
+    "option-missing": (
+        lambda d, g: _checkpoint_with(d / "model.pt", g, encoder_layers=None),
+        "fairseq option encoder_layers is missing (not a transformer's options?)",
+    ),
+    "option-not-a-number": (
+        lambda d, g: _checkpoint_with(d / "model.pt", g, encoder_ffn_embed_dim="wide"),
+        "fairseq option encoder_ffn_embed_dim is 'wide', not a number (not a transformer's options?)",
+    ),
+    "options-make-no-model": (
+        lambda d, g: _checkpoint_with(d / "model.pt", g, encoder_attention_heads=5),
+        f"its options make no nmt model (--encoder-embed-dim: ({DIM}) must be divisible by "
+        "--encoder-attention-heads (5))",
+    ),
+    "unsupported-option": (
+        lambda d, g: _checkpoint_with(d / "model.pt", g, layernorm_embedding=True),
+        "fairseq's --layernorm-embedding has no counterpart in nmt's transformer",
+    ),
+    "missing-tensor": (
+        lambda d, g: _checkpoint_with(
+            d / "model.pt", g, edit=lambda s: s.pop("encoder.layers.1.fc2.bias")
+        ),
+        "no encoder.layers.1.fc2.bias in the checkpoint (not the transformer its options describe)",
+    ),
+    "extra-tensor": (
+        lambda d, g: _checkpoint_with(
+            d / "model.pt", g, edit=_resized("encoder.layernorm_embedding.weight", (DIM,))
+        ),
+        "encoder.layernorm_embedding.weight has no counterpart in nmt's transformer",
+    ),
+    "tensor-of-another-size": (
+        lambda d, g: _checkpoint_with(
+            d / "model.pt", g, edit=_resized("encoder.layers.0.fc1.weight", (FFN + 1, DIM))
+        ),
+        f"its tensors do not fit its options (nmt's encoder.layers.0.ffn.fc1.weight would be "
+        f"({FFN + 1}, {DIM}), its options make it ({FFN}, {DIM}))",
+    ),
+    "projections-of-other-sizes": (
+        lambda d, g: _checkpoint_with(
+            d / "model.pt",
+            g,
+            edit=_resized("encoder.layers.0.self_attn.k_proj.weight", (DIM, DIM + 1)),
+        ),
+        f"{QKV} differ in shape (({DIM}, {DIM}), ({DIM}, {DIM + 1}), ({DIM}, {DIM}))",
+    ),
+}
+
+
+@pytest.fixture()
+def good(fairseq_vocab, tmp_path):
     root, _, _ = fairseq_vocab
-    pieces = read_dictionary(str(root / "dict.txt"))
-    state = _state(len(pieces), learned=False, prenorm=False)
+    state = _state(len(read_dictionary(str(root / "dict.txt"))), learned=False, prenorm=False)
     _save_fairseq(tmp_path / "ok.pt", state, learned=False, prenorm=False)
-    common = [
+    return _Good(state=state, checkpoint=tmp_path / "ok.pt", dictionary=root / "dict.txt")
+
+
+def _one_line_error(argv, capsys):
+    assert import_main(argv) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def _import_argv(checkpoint, dictionary, good, tmp_path):
+    return [
+        str(checkpoint),
         "--from",
         "fairseq",
+        "--dict",
+        str(dictionary),
         "--spm-model",
-        str(root / "spm.model"),
+        str(good.dictionary.parent / "spm.model"),
         "--output-dir",
-        str(tmp_path / "o"),
+        str(tmp_path / "out"),
     ]
 
-    def error(argv):
-        assert import_main(argv) == 1
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1, lines
-        return lines[0]
 
-    short = tmp_path / "short.txt"
-    short.write_text(
-        "".join(line + "\n" for line in (root / "dict.txt").read_text().split("\n")[:10])
+@pytest.mark.parametrize("case", list(BAD_CHECKPOINTS))
+def test_each_bad_checkpoint_is_one_line_naming_it(good, tmp_path, capsys, case):
+    make, message = BAD_CHECKPOINTS[case]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    path = make(bad, good)
+    line = _one_line_error(_import_argv(path, good.dictionary, good, tmp_path), capsys)
+    assert line.startswith(f"nmt-import: error: {path}: {message}"), line
+    assert not (bad / "ran").exists()
+    assert not (tmp_path / "out").exists()
+
+
+def _dictionary(good, edit):
+    lines = good.dictionary.read_text(encoding="utf-8").split("\n")
+    return "\n".join(edit(lines))
+
+
+# case -> (the --dict file's content, or None for none at all; the error after "nmt-import: error: ")
+BAD_DICTIONARIES = {
+    "missing": (None, "--dict: cannot read {path}: No such file or directory"),
+    "not-piece-count": (
+        lambda g: _dictionary(g, lambda lines: lines[:2] + ["▁the"] + lines[2:]),
+        "{path}, line 3: not 'piece count' (a fairseq dict.txt?)",
+    ),
+    "count-not-a-number": (
+        lambda g: _dictionary(g, lambda lines: [lines[0].split(" ")[0] + " many"] + lines[1:]),
+        "{path}, line 1: not 'piece count' (a fairseq dict.txt?)",
+    ),
+    "piece-twice": (
+        lambda g: _dictionary(g, lambda lines: lines[:4] + [lines[1]] + lines[4:]),
+        "{path}, line 5: {piece} again (also in line 2)",
+    ),
+    "special-symbol": (
+        lambda g: _dictionary(g, lambda lines: ["</s> 7"] + lines),
+        "{path}, line 1: '</s>' again (also in fairseq's special symbols)",
+    ),
+    "not-utf8": (lambda g: b"\xff\xfe 3\n", "{path}: not a fairseq dictionary (not UTF-8 text)"),
+    "empty": (lambda g: "", "{path}: an empty fairseq dictionary (no 'piece count' line)"),
+    "another-models": (
+        lambda g: _dictionary(g, lambda lines: lines[:10]),
+        "{path} with {spm}: the vocabulary and the SentencePiece model do not match",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_DICTIONARIES))
+def test_each_bad_dictionary_is_one_line_naming_it(good, tmp_path, capsys, case):
+    content, message = BAD_DICTIONARIES[case]
+    path = tmp_path / "dict.txt"
+    if content is not None:
+        _write(path, content(good))
+    piece = good.dictionary.read_text(encoding="utf-8").split("\n")[1].split(" ")[0]
+    line = _one_line_error(_import_argv(good.checkpoint, path, good, tmp_path), capsys)
+    expected = message.format(
+        path=path, spm=good.dictionary.parent / "spm.model", piece=repr(piece)
     )
-    message = error([str(tmp_path / "ok.pt"), "--dict", str(short), *common])
-    assert "do not match" in message or "another model" in message
-    bad = tmp_path / "bad.txt"
-    bad.write_text("▁the\n")
-    assert "line 1" in error([str(tmp_path / "ok.pt"), "--dict", str(bad), *common])
-    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    assert "fairseq checkpoint" in error(
-        [str(tmp_path / "junk.pt"), "--dict", str(root / "dict.txt"), *common]
-    )
-    extra = dict(state, **{"encoder.layernorm_embedding.weight": torch.ones(DIM)})
-    _save_fairseq(tmp_path / "extra.pt", extra, learned=False, prenorm=False)
-    assert "no counterpart" in error(
-        [str(tmp_path / "extra.pt"), "--dict", str(root / "dict.txt"), *common]
-    )
-    assert not (tmp_path / "o").exists()
+    assert line.startswith(f"nmt-import: error: {expected}"), line
+    assert not (tmp_path / "out").exists()
