@@ -587,6 +587,9 @@ class Curriculum:
         return self.paths[0]
 
 
+MIN_DIRECTION_FACTOR = 1e-3
+
+
 def parse_direction_factors(text: str) -> dict[str, float]:
     """``en-de:2,en-fr:1.5`` -> {"en-de": 2.0, "en-fr": 1.5}; a clear error for anything else."""
     factors: dict[str, float] = {}
@@ -601,6 +604,13 @@ def parse_direction_factors(text: str) -> dict[str, float]:
             raise ValueError(
                 f"--upsample-directions: {item.strip()!r} is not PAIR:FACTOR with a factor > 0 "
                 "(e.g. en-de:2)"
+            )
+        if not MIN_DIRECTION_FACTOR <= factor <= 1 / MIN_DIRECTION_FACTOR:
+            # 1e-320 is > 0, yet leaves the direction no sample at all (and 1e300 no other one).
+            raise ValueError(
+                f"--upsample-directions: {item.strip()!r}: the factor must lie between "
+                f"{MIN_DIRECTION_FACTOR:g} and {1 / MIN_DIRECTION_FACTOR:g}; to leave a direction "
+                "out, preprocess without it"
             )
         if pair in factors:
             raise ValueError(f"--upsample-directions: {pair} is given twice")

@@ -119,6 +119,8 @@ def test_upsampled_directions_get_their_factor_of_each_epoch(multi_data, tiny_da
         ("ende:2", "'ende:2' is not PAIR:FACTOR"),
         ("en-de:2,", "'' is not PAIR:FACTOR"),
         ("en-de:2,en-de:3", "en-de is given twice"),
+        ("en-de:1e-320", "'en-de:1e-320': the factor must lie between 0.001 and 1000"),
+        ("en-de:2,en-fr:1e300", "'en-fr:1e300': the factor must lie between"),
     ],
 )
 def test_bad_upsample_directions_are_one_clear_line(text, message):
