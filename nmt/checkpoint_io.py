@@ -127,6 +127,13 @@ def _looks_like_text(header: bytes) -> bool:
 
 def _why_not_loaded(header: bytes, error: Exception) -> str:
     """Why ``torch.load`` failed, in a few words (torch's own messages run to pages)."""
+    if not header.startswith(_ZIP_MAGIC) and header[:1] != bytes([_PICKLE_PROTO]):
+        # First: text starting with "c" reads as a pickle's GLOBAL opcode, a refused "import".
+        return (
+            "a text file"
+            if _looks_like_text(header)
+            else "neither a zip archive nor a pickle, as torch.save writes"
+        )
     if isinstance(error, pickle.UnpicklingError):
         # torch re-raises the unpickler's error "from None" with pages of advice; the context keeps it.
         error = error.__context__ if isinstance(error.__context__, Exception) else error
@@ -136,16 +143,9 @@ def _why_not_loaded(header: bytes, error: Exception) -> str:
                 f"loading it would import {refused.group(1)}; only tensors and plain data are "
                 "loaded, so that no code from a file runs"
             )
-    if not header.startswith(_ZIP_MAGIC) and header[:1] != bytes([_PICKLE_PROTO]):
-        return (
-            "a text file"
-            if _looks_like_text(header)
-            else "neither a zip archive nor a pickle, as torch.save writes"
-        )
+        return f"its pickle does not load safely: {_first_sentence(error)}"
     if isinstance(error, EOFError):
         return "truncated: it ends too early"
-    if isinstance(error, pickle.UnpicklingError):
-        return f"its pickle does not load safely: {_first_sentence(error)}"
     return f"truncated or damaged: {_first_sentence(error)}"
 
 

@@ -82,14 +82,22 @@ def score_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-token cross-entropy of each pair under the forward and the reverse model."""
     manifest = corpus.manifest
-    results = []
-    for option, path, reverse in (
-        ("--forward", cfg.forward, False),
-        ("--reverse", cfg.reverse, True),
-    ):
-        scorer = checkpoint_scorer(
-            path, manifest=manifest, device=device, option=f"{option} {path}", reverse=reverse
+    # Both loaded before scoring: a bad --reverse is said at once, not after the forward pass.
+    scorers = [
+        (
+            option,
+            path,
+            checkpoint_scorer(
+                path, manifest=manifest, device=device, option=f"{option} {path}", reverse=reverse
+            ),
         )
+        for option, path, reverse in (
+            ("--forward", cfg.forward, False),
+            ("--reverse", cfg.reverse, True),
+        )
+    ]
+    results = []
+    for option, path, scorer in scorers:
         scores = all_scores(
             [corpus], scorer, rank=rank, world_size=world_size, desc=f"score ({option[2:]})"
         )
