@@ -195,7 +195,7 @@ def test_output_over_the_log_is_refused(tmp_path, capsys) -> None:
         assert main([str(log), "-o", str(output)]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [
-            f"nmt-plot: error: --output {output}: is LOG {log}, an input of this command that "
+            f"nmt-plot: error: --output {output}: is LOGDIR_OR_JSONLOG {log}, an input of this command that "
             "writing it would destroy; choose another --output"
         ]
     assert log.read_bytes() == before and (tmp_path / "link.log").is_symlink()

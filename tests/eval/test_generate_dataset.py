@@ -414,3 +414,26 @@ def test_forward_translation_keeps_the_real_text_as_source(tiny, mono, tmp_path,
     _one_error_line(
         capsys.readouterr().err, "--synthetic-side", "only applies with --output-dataset"
     )
+
+
+def test_overwrite_replaces_a_dataset_of_other_options_and_the_refusal_names_it(
+    tiny, mono, tmp_path, capsys
+):
+    out = tmp_path / "bt"
+    assert eval_main(_bt_args(tiny, mono, out, "--beam", "1")) == 0
+    first = _files(str(out))
+    capsys.readouterr()
+    assert eval_main(_bt_args(tiny, mono, out, "--beam", "2")) == 1
+    _one_error_line(capsys.readouterr().err, "other options", "pass --overwrite")
+    assert _files(str(out)) == first
+    # A run of other options killed midway left its chunks: --overwrite starts over too.
+    chunks = tmp_path / ".bt.chunks"
+    chunks.mkdir()
+    (chunks / "options.json").write_text('{"model": "sha256:0"}')
+    assert eval_main(_bt_args(tiny, mono, out, "--beam", "2", "--overwrite")) == 0
+    manifest = load_manifest(str(out))
+    assert manifest.config["back_translation"]["search"]["beam"] == 2
+    capsys.readouterr()
+    # --overwrite without --output-dataset is refused
+    assert eval_main([mono, "--path", tiny.checkpoint, "--overwrite", "--cpu"]) == 1
+    _one_error_line(capsys.readouterr().err, "--overwrite: only applies with --output-dataset")

@@ -154,3 +154,30 @@ def test_two_ranks_under_torchrun_score_as_one(setup, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert np.allclose(np.loadtxt(one), np.loadtxt(two), atol=1e-5)
+
+
+def test_an_existing_destdir_is_replaced_only_with_overwrite_and_only_if_nmt_filter_made_it(
+    setup, tmp_path, capsys
+):
+    root, forward, reverse = setup
+    out = tmp_path / "kept"
+    keep = ("--keep-fraction", "0.5", "--destdir", str(out))
+    assert filter_main(_filter_args(root, forward, reverse, *keep)) == 0
+    first = load_manifest(str(out)).split("train").num_samples
+    capsys.readouterr()
+    again = ("--keep-fraction", "0.75", "--destdir", str(out))
+    assert filter_main(_filter_args(root, forward, reverse, *again)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nmt-filter: error: ") and "pass --overwrite" in err[-1], err
+    assert load_manifest(str(out)).split("train").num_samples == first  # untouched
+    # The flag the message names exists, and replaces the dataset nmt-filter made.
+    assert filter_main(_filter_args(root, forward, reverse, *again, "--overwrite")) == 0
+    assert load_manifest(str(out)).split("train").num_samples == round(0.75 * NUM_PAIRS)
+    # A directory nmt-filter did not make is never replaced.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    other = ("--keep-fraction", "0.5", "--destdir", str(mine), "--overwrite")
+    assert filter_main(_filter_args(root, forward, reverse, *other)) == 1
+    assert "not a directory nmt-filter made" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep me"
