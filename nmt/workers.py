@@ -26,6 +26,7 @@ from typing import TypeVar
 _T = TypeVar("_T")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL_SECONDS = 0.5
+_SIGNAL_POLL_SECONDS = 0.5
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -152,7 +153,9 @@ def run_interruptibly(function: Callable[[], _T]) -> _T:
 
     thread = threading.Thread(target=target, name="interruptible", daemon=True)
     thread.start()
-    thread.join()
+    while thread.is_alive():
+        # In steps: a signal that the kernel gave another thread wakes no wait of this one.
+        thread.join(_SIGNAL_POLL_SECONDS)
     if error:
         raise error[0]
     return result[0]

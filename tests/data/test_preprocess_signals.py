@@ -197,13 +197,21 @@ def test_a_signal_in_a_deferred_block_stops_the_run_after_it():
     assert finished == ["install"]
 
 
+def _deaf_sleep(seconds):
+    """Like a long call into C that never looks at signals (SentencePiece training), GIL released."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    try:
+        time.sleep(seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+
+
 def test_a_long_call_in_c_is_interrupted_at_once():
-    """``time.sleep`` on the helper thread stands for SentencePiece training (GIL released)."""
     started = time.monotonic()
     with pytest.raises(Terminated):
         with stop_on_signals():
             _signal_soon(signal.SIGTERM)
-            run_interruptibly(lambda: time.sleep(30))
+            run_interruptibly(lambda: _deaf_sleep(20))
     assert time.monotonic() - started < STOP_SECONDS
     assert run_interruptibly(lambda: 42) == 42
     with pytest.raises(ValueError, match="bad text"):
@@ -231,6 +239,38 @@ def test_the_commands_exit_status_names_the_signal(
     argv = _command(tmp_path, tmp_path / "out", vocab=60)[3:]
     assert preprocess_main(argv) == status
     assert capsys.readouterr().err == line
+
+
+def test_sigterm_between_the_installs_two_renames_loses_no_dataset(tmp_path, monkeypatch, capsys):
+    """--overwrite moves the old dataset aside, then the new one in: a signal between the two
+    waits for the second (stopped there, the old dataset would be swept by the next run)."""
+    import nmt.data.preprocess
+    from nmt.data.manifest import load_manifest
+
+    write_corpus(tmp_path, "train", *random_pairs(300, seed=0))
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1))
+    argv = _command(tmp_path, tmp_path / "out", vocab=60)[3:]
+    assert preprocess_main(argv) == 0
+    real_install, real_rename = nmt.data.preprocess.install_directory, os.rename
+
+    def rename_then_signal(source, destination):
+        real_rename(source, destination)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # where the handler runs
+
+    def install(workdir, target):
+        monkeypatch.setattr(os, "rename", rename_then_signal)
+        try:
+            real_install(workdir, target)
+        finally:
+            monkeypatch.setattr(os, "rename", real_rename)
+
+    monkeypatch.setattr(nmt.data.preprocess, "install_directory", install)
+    capsys.readouterr()
+    assert preprocess_main([*argv, "--overwrite", "--spm-vocab-size", "50"]) == 143
+    assert capsys.readouterr().err.endswith("nmt-preprocess: terminated (SIGTERM)\n")
+    assert load_manifest(str(tmp_path / "out")).spm.src_vocab_size == 50  # the new one, whole
+    assert sorted(p for p in os.listdir(tmp_path) if "out" in p) == ["out"]
 
 
 # ----------------------------------------------------------------------------- end to end
