@@ -2,9 +2,11 @@
 
 Each language side of a text group is encoded once: a group is the multi-way files ``P.LANG`` (line
 i of every language is the same sentence) or one pair's files ``P.SRC-TGT.LANG`` (fairseq's naming,
-for corpora that are not multi-way; ``de-en`` reads ``P.en-de.*`` when only those exist); a
-direction found in two groups is refused, never one of them chosen silently. A direction's split ``SPLIT.src-tgt`` points at its group's per-language token files: 6 directions over
-4 multi-way languages store 4 token files per split, not 12 (and encode each sentence once).
+for corpora that are not multi-way; ``de-en`` reads ``P.en-de.*`` when only those exist). A
+direction in two groups, or half a pair's files beside a complete group, is refused: one of them is
+never chosen silently. A direction's split ``SPLIT.src-tgt`` points at its group's per-language
+token files: 6 directions over 4 multi-way languages store 4 token files per split, not 12 (and
+encode each sentence once).
 
 Training lines are filtered per group: a line is dropped when any direction of the group would drop
 it (so every language file of the group keeps the same lines and stays aligned), counted under
@@ -105,44 +107,52 @@ def _exists(prefix: str, lang: str) -> str | None:
         return None
 
 
-def _complete(prefix: str, langs: tuple[str, str]) -> dict[str, str] | None:
-    """Both languages' files under ``prefix`` (language -> file), or None when one is missing."""
-    found: dict[str, str] = {}
-    for lang in langs:
-        path = _exists(prefix, lang)
-        if path is None:
-            return None
-        found[lang] = path
-    return found
+def _file_sets(prefix: str, src: str, tgt: str) -> dict[str, dict[str, str | None]]:
+    """Per stem ("SRC-TGT", "TGT-SRC", "" for the multi-way files): each language's file, or None."""
+    return {
+        stem: {lang: _exists(f"{prefix}.{stem}" if stem else prefix, lang) for lang in (src, tgt)}
+        for stem in (pair_name(src, tgt), pair_name(tgt, src), "")
+    }
 
 
 def resolve_groups(prefix: str, pairs: list[tuple[str, str]], *, option: str) -> list[TextGroup]:
-    """The text groups of one split prefix (given as ``option``), every file resolved; a missing
-    file, or a direction found in two sets of files, is one line naming them."""
+    """The text groups of one split prefix (given as ``option``), every file resolved. A missing
+    file, a direction in two sets of files, or half a per-pair set beside a complete set is one line
+    naming them: reading one set silently could train or score on other text than was meant."""
     groups: dict[str, TextGroup] = {}
     for src, tgt in pairs:
-        candidates = {
-            stem: found
-            for stem in (pair_name(src, tgt), pair_name(tgt, src), "")
-            if (found := _complete(f"{prefix}.{stem}" if stem else prefix, (src, tgt)))
-        }
-        if len(candidates) > 1:
-            # Choosing one would silently train on other text than the user may have meant.
-            first, second = [" + ".join(found.values()) for found in candidates.values()][:2]
+        direction = pair_name(src, tgt)
+        sets = _file_sets(prefix, src, tgt)
+        complete = {stem: found for stem, found in sets.items() if all(found.values())}
+        named = {stem: " + ".join(filter(None, found.values())) for stem, found in sets.items()}
+        if len(complete) > 1:
+            first, second = [named[stem] for stem in complete][:2]
             raise DataError(
-                f"{option} {prefix}: direction {pair_name(src, tgt)} is in two sets of files, "
-                f"{first}, and {second}; keep one set (move the other away, or give {option} "
-                "a prefix with only one)"
+                f"{option} {prefix}: direction {direction} is in two sets of files, {first}, and "
+                f"{second}; keep one set (move the other away, or give {option} a prefix with "
+                "only one)"
             )
-        if not candidates:
-            lang = next(lang for lang in (src, tgt) if _exists(prefix, lang) is None)
+        halves = [
+            stem
+            for stem, found in sets.items()
+            if stem and stem not in complete and any(found.values())
+        ]
+        if complete and halves:
+            lang = next(lang for lang, path in sets[halves[0]].items() if path is None)
+            raise DataError(
+                f"{option} {prefix}: direction {direction} has {named[halves[0]]} without "
+                f"{prefix}.{halves[0]}.{lang} (nor .gz/.xz/.zst) beside the complete "
+                f"{named[next(iter(complete))]}; complete the per-pair set or move it away"
+            )
+        if not complete:
+            lang = next(lang for lang, path in sets[""].items() if path is None)
             raise DataError(
                 f"{prefix}.{lang}: no such file (nor .gz/.xz/.zst, nor the per-pair "
-                f"{prefix}.{pair_name(src, tgt)}.{lang}) for direction {pair_name(src, tgt)}"
+                f"{prefix}.{direction}.{lang}) for direction {direction}"
             )
-        stem, found = next(iter(candidates.items()))
+        stem, found = next(iter(complete.items()))
         group = groups.setdefault(stem, TextGroup(stem=stem))
-        group.paths.update(found)
+        group.paths.update({lang: path for lang, path in found.items() if path is not None})
         group.directions.append((src, tgt))
     return list(groups.values())
 

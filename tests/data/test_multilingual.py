@@ -252,6 +252,33 @@ def test_a_direction_in_two_sets_of_files_is_refused(tmp_path, capsys, role, ste
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.parametrize("role", ["train", "valid", "test"])
+@pytest.mark.parametrize("complete, half", [("", "en-de"), ("de-en", "en-de")])
+def test_half_a_per_pair_set_beside_a_complete_set_is_refused(
+    tmp_path, capsys, role, complete, half
+):
+    """P.en-de.en without P.en-de.de beside P.en + P.de: a forgotten file, not a choice."""
+    for prefix in dict.fromkeys(["train", role]):
+        write_multiway(tmp_path, f"{prefix}.{complete}" if complete else prefix, 30, seed=5)
+    write_multiway(tmp_path, f"{role}.{half}", 5, seed=8)
+    os.remove(tmp_path / f"{role}.{half}.de")
+    options = [f"--{name}pref" for name in dict.fromkeys(["train", role])]
+    code = preprocess_main(
+        ["--lang-pairs", "de-en", "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60"]
+        + [word for option in options for word in (option, str(tmp_path / option[2:-4]))]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    prefix = str(tmp_path / role)
+    whole = ".".join(filter(None, [prefix, complete]))
+    assert code == 1 and len(err) == 1, err
+    assert err[0] == (
+        f"nmt-preprocess: error: --{role}pref {prefix}: direction de-en has {prefix}.{half}.en "
+        f"without {prefix}.{half}.de (nor .gz/.xz/.zst) beside the complete {whole}.de + "
+        f"{whole}.en; complete the per-pair set or move it away"
+    )
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_lang_pairs_refuses_options_it_cannot_honour(raw, capsys):
     code = preprocess_main(
         [
