@@ -5,8 +5,9 @@ then PyTorch vs CTranslate2 float32 vs CTranslate2 int8, each as a whole nmt-eva
         [--ct2-dir runs/ct2] [--int8-dir runs/ct2-int8] [--skip-in-process] [--skip-backends]
 
 The first table prints sentences/s and target tokens/s (EOS counted, as fairseq-generate counts) with
-BLEU for each setting, side by side with ratios, and against the fairseq-generate reference measured
-on this 2-core machine; decoding only is timed (the model is loaded and the sources read beforehand).
+BLEU for each setting, side by side with ratios; decoding only is timed (the model is loaded and the
+sources read beforehand). fairseq-generate's figure, measured on another day with another model size,
+follows as a dated row of its own (``peers.py``), never as a ratio.
 Then the cost of nmt-eval's fairseq-style extras (--format fairseq, --print-alignment, an ensemble of
 2) over the plain beam-5 decode.
 
@@ -31,10 +32,20 @@ import torch
 from nmt.checkpoint_io import load_checkpoint
 from nmt.eval.translate import Translator, load_split, read_references
 
-# Measured on this 2-core machine (issue 6): fairseq-generate, transformer of the same size, beam 5,
-# batch 64, the 1,000 test2016 sentences. A reference figure, not re-run here (fairseq is not a dependency).
-FAIRSEQ_BEAM5_SENTENCES_PER_S = 48.0
-FAIRSEQ_BEAM5_TOKENS_PER_S = 780.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
+
+# Not run here (fairseq is not a dependency): printed as its own row.
+FAIRSEQ_GENERATE = StoredPeerFigure(
+    peer="fairseq 0.12.2 fairseq-generate",
+    figure="48 sentences/s, 780 target tokens/s (beam 5, batch 64, the 1,000 test2016 sentences)",
+    date="2026-11-21 or before (issue 6; first recorded in commit 88f2dec of 2026-11-21)",
+    machine=DEVELOPMENT_MACHINE + ", load not recorded",
+    model="a fairseq transformer of 3+3 x 256, FFN 1024, fp32 (nmt's transformer_tiny then; today's "
+    "default is 3+3 x 128, FFN 512, so not the size this script decodes with by default)",
+    command="fairseq-generate on the binarized test2016 with --beam 5 --batch-size 64 (the exact "
+    "command line was not recorded)",
+)
 
 
 def run(
@@ -228,13 +239,8 @@ def compare_search(args: argparse.Namespace) -> None:
                 f"{name:>7}  {batch_size:>5}  {r['seconds']:>8.2f}  {r['sentences/s']:>8.1f}  {r['tokens/s']:>9.0f}  "
                 f"{r['bleu']:>6.2f}  {ratio:>11.2f}x"
             )
-    beam5 = results[5, args.batch_size]
-    print(
-        f"fairseq-generate reference (beam 5, batch 64): {FAIRSEQ_BEAM5_SENTENCES_PER_S:.0f} sentences/s, "
-        f"{FAIRSEQ_BEAM5_TOKENS_PER_S:.0f} tokens/s -> ours {beam5['sentences/s'] / FAIRSEQ_BEAM5_SENTENCES_PER_S:.2f}x "
-        f"sentences/s, {beam5['tokens/s'] / FAIRSEQ_BEAM5_TOKENS_PER_S:.2f}x tokens/s (target: 2x)"
-    )
-    print_extras(args, translator, sources, beam5)
+    print(*FAIRSEQ_GENERATE.lines(), sep="\n")
+    print_extras(args, translator, sources, results[5, args.batch_size])
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -14,6 +14,8 @@ shuffled batches cut under the padded budget) measured the same way in the same 
   nmt-train 1 x 2 threads and 2 x 1 (torchrun, gloo), their throughput read from nmt-train's own
   log records after --warmup updates; with --baseline-tree, another checkout's nmt-train beside this
   one's (before/after a change in one run).
+fairseq 0.12.2's figure, measured on another day, is printed below them as a dated row of its own
+(``peers.py``), never as a ratio.
 """
 
 from __future__ import annotations
@@ -30,10 +32,22 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "runs", "bench-data")
-# Measured on this 2-core machine (issue 5): fairseq 0.12.2, same model and data, fp32.
-FAIRSEQ_TOKENS_PER_SECOND = 2230.0
+# Not run here (fairseq 0.12.2 predates Python 3.11 and is no dependency): printed as its own row.
+FAIRSEQ_TRAIN = StoredPeerFigure(
+    peer="fairseq 0.12.2 fairseq-train",
+    figure="2,230 target tokens/s",
+    date="2026-11-21 or before (issue 5; first recorded in commit 50a4af8 of 2026-11-21)",
+    machine=DEVELOPMENT_MACHINE + ", described then as quiet (no load figure recorded)",
+    model="3+3 x 256, FFN 1024, 4 heads, shared embeddings, 8k joint SentencePiece vocabulary, "
+    "--max-tokens 4096, fp32, dropout 0.1 (REFERENCE_MODEL in benchmarks/train_throughput.py), on the bundled Multi30k",
+    command="fairseq-train on the same binarized data with the options of the model line (the "
+    "exact command line was not recorded)",
+)
 
 
 def ensure_data() -> None:
@@ -528,21 +542,17 @@ def main() -> None:
     for title, rows in sections:
         plain = rows[0][1]  # each section starts with the plain loop measured its way
         print(f"\n{title}")
-        print(
-            f"{'configuration':<46} {'tgt tok/s':>10} {'vs plain':>9} {'vs fairseq':>10} {'padding':>8}  note"
-        )
+        print(f"{'configuration':<46} {'tgt tok/s':>10} {'vs plain':>9} {'padding':>8}  note")
         for name, tokens_per_s, padding, note in rows:
             pad = "" if np.isnan(padding) else f"{padding:.1%}"
             if np.isnan(tokens_per_s):
-                print(f"{name:<46} {'-':>10} {'-':>9} {'-':>10} {pad:>8}  {note}")
+                print(f"{name:<46} {'-':>10} {'-':>9} {pad:>8}  {note}")
                 continue
             print(
-                f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / plain:>8.2f}x {tokens_per_s / FAIRSEQ_TOKENS_PER_SECOND:>9.2f}x {pad:>8}  {note}"
+                f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / plain:>8.2f}x {pad:>8}  {note}"
             )
-    print(
-        f"vs plain: against the plain PyTorch loop measured in this run; vs fairseq: against fairseq "
-        f"0.12.2's {FAIRSEQ_TOKENS_PER_SECOND:,.0f} tok/s measured earlier on this machine (quiet)"
-    )
+    print("vs plain: against the plain PyTorch loop measured in this run\n")
+    print(*FAIRSEQ_TRAIN.lines(), sep="\n")
 
 
 if __name__ == "__main__":
