@@ -12,8 +12,9 @@ after each step, so a smoke cut short still leaves its rows. Steps (default budg
 
 - data (30): Multi30k preprocessed once into WORK/data (--work, default runs/gpu-smoke), reused
   when there; any step that needs it brings it in;
-- cuda-tests (75): ``pytest -m cuda`` (attention backends against SDPA, what ``--attention auto``
-  picks, no host synchronisation inside an update at fp32/bf16/fp16, packed = padded);
+- cuda-tests (75): ``pytest -m "cuda and not slow"`` (attention backends against SDPA, what
+  ``--attention auto`` picks, no host synchronisation inside an update at fp32/bf16/fp16, packed =
+  padded; the slow one, compiled training without recompiles, is the compile step's check);
 - ddp (40): the losses of 2 ranks x --update-freq 1 against 1 rank x --update-freq 2, 8 updates
   (on one GPU both ranks share it through gloo: NCCL refuses two ranks on one device);
 - throughput (100): target tokens/s of examples/multi30k-gpu's model, packed and padded, at its
@@ -21,7 +22,8 @@ after each step, so a smoke cut short still leaves its rows. Steps (default budg
   record) beside the step alone (``benchmarks/attention.py``'s forward+backward on Multi30k-like
   batches of the same budget), and their ratio: what the host, data and optimizer cost;
 - compile (100): nmt-train --compile with its default model at bf16: the start-up (every shape
-  compiled) and compiled/eager tokens/s, one process each, the same flags otherwise;
+  compiled) and compiled/eager tokens/s, one process each, the same flags otherwise (a recompile
+  after the warm-up is an error in nmt-train, so a pass means none);
 - recipe (120): examples/multi30k-gpu/run.py for --recipe-minutes on WORK/data: test2016 BLEU.
 
 --dry-run-cpu runs the same orchestration on the CPU with tiny settings (300 sentences, a 1+1 x 32
@@ -92,7 +94,7 @@ class Step:
 
 STEPS = (
     Step("data", "Multi30k dataset", 30, 120, False),
-    Step("cuda-tests", "CUDA tests (pytest -m cuda)", 75, 150, False),
+    Step("cuda-tests", "CUDA tests (-m 'cuda and not slow')", 75, 150, False),
     Step("ddp", "2 ranks = 1 rank x --update-freq 2", 40, 240, True),
     Step("throughput", "tokens/s: whole process vs step", 100, 400, True),
     Step("compile", "--compile: start-up, compiled/eager", 100, 480, True),
@@ -364,7 +366,7 @@ def step_cuda_tests(settings: Settings) -> Outcome:
     # On the CPU every CUDA test skips: one file is enough to run the step through.
     where = "tests/model/test_attention.py" if settings.dry_run else "tests"
     code, output = RECIPE.tee(
-        [sys.executable, "-m", "pytest", "-q", "-rf", "--tb=line", "-m", "cuda", where]
+        [sys.executable, "-m", "pytest", "-q", "-rf", "--tb=line", "-m", "cuda and not slow", where]
     )
     lines = output.splitlines()
     summary = next((line.strip() for line in reversed(lines) if " in " in line), last_line(output))

@@ -113,3 +113,29 @@ def test_every_step_runs_on_the_cpu(tmp_path: Path) -> None:
     assert report["seconds"] <= report["limit_s"]
     for row in rows.values():
         assert row["title"] in table_row(result.stdout, row["name"])
+
+
+def test_the_recipe_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
+    recipe = ROOT / "examples" / "multi30k-gpu" / "run.py"
+    for args, message in (
+        (
+            ["--minutes", "nan"],
+            "argument --minutes: must be a positive number of minutes, got 'nan'",
+        ),
+        (["--average-last", "0"], "--average-last: must be >= 1, got 0"),
+        (["--data", str(tmp_path)], f"--data {tmp_path}: no manifest.json there"),
+    ):
+        result = subprocess.run(
+            [sys.executable, str(recipe), "--out", str(tmp_path / "out"), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 2
+        assert (
+            result.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"examples/multi30k-gpu/run.py: error: {message}")
+        )
+        assert not (tmp_path / "out").exists()  # refused before anything was written
