@@ -20,7 +20,13 @@ How the two models correspond (``nmt.model.transformer`` and transformers' ``mod
   stored table (checked by the export's logits test), but its ``save_pretrained`` leaves that table
   out again (``_keys_to_ignore_on_save``), so a model re-saved by transformers gets Marian's
   sinusoids back: the model card says so;
-- Marian's ``final_logits_bias`` is our output bias (``output_bias``), absent when zero.
+- Marian's ``final_logits_bias`` is our output bias (``output_bias``), absent when zero;
+- a multilingual model's target-language tag ``<2de>`` is, in vocab.json, the token OPUS-MT's
+  multilingual models select the target with, ``>>de<<`` (same id): MarianTokenizer keeps a leading
+  ``>>de<<`` whole, which is our ``--lang-tok encoder`` layout (``<2de> pieces EOS``).
+  ``--lang-tok decoder`` (the tag forced as the first target token) has no Marian request: refused.
+  tokenizer_config.json records the directions (``lang_pairs``), from which nmt-import restores
+  the tags.
 
 transformers and safetensors are imported lazily (``pip install 'nmt[hf]'``).
 """
@@ -38,9 +44,17 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoint_io import FORMAT, VERSION, bytes_to_tensor
-from nmt.config import ModelConfig
-from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, SentencePieceModel
+from nmt.checkpoint_io import FORMAT, VERSION, bytes_to_tensor, load_torch_file
+from nmt.config import ModelConfig, parse_lang_pairs
+from nmt.data.spm import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_IDS,
+    UNK_ID,
+    SentencePieceModel,
+    language_tag,
+)
 from nmt.deploy.common import (
     built_aside,
     fused_projections,
@@ -49,6 +63,7 @@ from nmt.deploy.common import (
     write_import,
 )
 from nmt.deploy.foreign_vocab import convert_vocabulary
+from nmt.eval.languages import Languages
 from nmt.model import TransformerModel, build_model
 from nmt.model.transformer import sinusoidal_table
 
@@ -59,6 +74,16 @@ TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.j
 # largest logit, measured ~1e-6 on CPU (summation order differs between the two implementations).
 LOGIT_TOLERANCE = 1e-4
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
+
+
+def marian_code(lang: str) -> str:
+    """The token MarianMT's multilingual models select the target language ``lang`` with."""
+    return f">>{lang}<<"
+
+
+def _marian_codes(targets: Sequence[str]) -> dict[str, str]:
+    """Our tag -> Marian's token, for each target language (the tags a request can name)."""
+    return {language_tag(lang): marian_code(lang) for lang in targets}
 
 
 def import_transformers(what: str) -> Any:
@@ -204,17 +229,11 @@ def from_marian_config(
     positions: tuple[str, str],
     output_bias: bool,
     decoder_start_id: int | None,
-    name: str,
 ) -> ModelConfig:
-    """Our ``ModelConfig`` for a Marian config.json. ``positions``: per side, "marian" (the table
-    transformers computes), "fairseq" (our default sinusoids, as our exports store them) or
-    "learned" (any other stored table)."""
-    activation = _ACTIVATIONS.get(config.get("activation_function", "gelu"))
-    if activation is None:
-        raise ValueError(
-            f"{name}: activation_function {config.get('activation_function')!r} has no counterpart "
-            f"here (relu, gelu, swish)"
-        )
+    """Our ``ModelConfig`` for a Marian config.json checked by ``_check_marian_config``.
+    ``positions``: per side, "marian" (the table transformers computes), "fairseq" (our default
+    sinusoids, as our exports store them) or "learned" (any other stored table)."""
+    activation = _ACTIVATIONS[config.get("activation_function", "gelu")]
     share_embeddings = bool(config.get("share_encoder_decoder_embeddings", True))
     tied_output = bool(config.get("tie_word_embeddings", True))
     share_all = share_embeddings and tied_output and src_vocab_size == tgt_vocab_size
@@ -316,9 +335,44 @@ def check_logits(
 
 
 # ----------------------------------------------------------------------------- export
-def _card(loaded: Any, *, output_dir: str, native_positions: bool, scores: str | None) -> str:
+def _directions_section(languages: Languages) -> list[str]:
+    """The model card's list of directions and how to request each."""
+    lines = [
+        "## Directions",
+        "",
+        "Put the target language's token at the start of the source: MarianTokenizer keeps it "
+        "whole and the model translates into that language (the source language is not given). "
+        "The directions the model was trained on:",
+        "",
+        "| direction | start the source with |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {source} → {target} | `{marian_code(target)}` |"
+        for source, target in (pair.split("-") for pair in languages.pairs)
+    ]
+    return lines + [
+        "",
+        "Other pairs of these languages were never trained (zero-shot, if at all).",
+    ]
+
+
+def _card(
+    loaded: Any,
+    *,
+    languages: Languages | None,
+    output_dir: str,
+    native_positions: bool,
+    scores: str | None,
+) -> str:
     vocab = loaded.state["vocab"]
     src, tgt = vocab["source_lang"], vocab["target_lang"]
+    if languages is None:
+        title, listed, request = f"{src}-{tgt} translation model", [src, tgt], ""
+    else:
+        title = f"{', '.join(languages.pairs)} translation model"
+        listed = sorted({*languages.sources, *languages.targets})
+        request = marian_code(languages.pairs[0].split("-")[1]) + " "
     provenance = loaded.state.get("provenance") or {}
     command = provenance.get("command_line") or provenance.get("argv")
     if isinstance(command, list):
@@ -328,13 +382,13 @@ def _card(loaded: Any, *, output_dir: str, native_positions: bool, scores: str |
     cfg = loaded.model.cfg
     lines = [
         "---",
-        f"language:\n- {src}\n- {tgt}",
+        "language:\n" + "\n".join(f"- {lang}" for lang in listed),
         "tags:\n- translation\n- nmt",
         "library_name: transformers",
         "pipeline_tag: translation",
         "---",
         "",
-        f"# {src}-{tgt} translation model (nmt)",
+        f"# {title} (nmt)",
         "",
         f"A transformer trained with [nmt](https://github.com/) and exported with `nmt-export "
         f"--format huggingface` from `{loaded.name}`: {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
@@ -349,7 +403,7 @@ def _card(loaded: Any, *, output_dir: str, native_positions: bool, scores: str |
         "",
         f'tokenizer = MarianTokenizer.from_pretrained("{os.path.basename(output_dir)}")',
         f'model = MarianMTModel.from_pretrained("{os.path.basename(output_dir)}")',
-        'batch = tokenizer(["A dog runs on the beach."], return_tensors="pt", padding=True)',
+        f'batch = tokenizer(["{request}A dog runs on the beach."], return_tensors="pt", padding=True)',
         "print(tokenizer.batch_decode(model.generate(**batch, num_beams=5), skip_special_tokens=True))",
         "```",
         "",
@@ -357,6 +411,7 @@ def _card(loaded: Any, *, output_dir: str, native_positions: bool, scores: str |
         "never generated). MarianTokenizer normalises punctuation with sacremoses when that package "
         "is installed; nmt did not, so leave sacremoses out to get nmt's tokens.",
         "",
+        *(_directions_section(languages) + [""] if languages else []),
         "## Training",
         "",
         f"- data: {data_dir or 'not recorded in the checkpoint'}",
@@ -398,6 +453,18 @@ def _card(loaded: Any, *, output_dir: str, native_positions: bool, scores: str |
     return "\n".join(lines) + "\n"
 
 
+def _renamed(pieces: list[str], names: dict[str, str], *, name: str) -> list[str]:
+    """``pieces`` with each key of ``names`` replaced by its value (ValueError when a new name is
+    already a piece: two ids for one token)."""
+    taken = set(pieces) & (set(names.values()) - set(names))
+    if taken:
+        raise ValueError(
+            f"{name}: its vocabulary already has a piece {sorted(taken)[0]!r}, the name the language "
+            "token needs"
+        )
+    return [names.get(piece, piece) for piece in pieces]
+
+
 def _tokenizer_files(
     workdir: str,
     *,
@@ -405,11 +472,14 @@ def _tokenizer_files(
     tgt_spm: SentencePieceModel,
     source_lang: str,
     target_lang: str,
+    languages: Languages | None,
     model_max_length: int,
+    name: str,
 ) -> None:
     from nmt.eval.ct2_model import pieces
 
-    src_pieces, tgt_pieces = pieces(src_spm), pieces(tgt_spm)
+    codes = _marian_codes(languages.targets) if languages else {}
+    src_pieces, tgt_pieces = (_renamed(pieces(spm), codes, name=name) for spm in (src_spm, tgt_spm))
     separate = src_pieces != tgt_pieces
     files = {"source.spm": src_spm.proto, "target.spm": tgt_spm.proto}
     for file_name, proto in files.items():
@@ -436,12 +506,17 @@ def _tokenizer_files(
         "unk_token": tgt_pieces[UNK_ID],
         "model_max_length": model_max_length,
     }
+    if languages:  # what nmt-import restores the directions from
+        tokenizer_config["lang_pairs"] = list(languages.pairs)
     with open(os.path.join(workdir, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
         json.dump(tokenizer_config, handle, ensure_ascii=False, indent=2)
 
 
 def _load_report(transformers: Any, directory: str) -> tuple[Any, dict[str, list[str]]]:
-    model, info = transformers.MarianMTModel.from_pretrained(directory, output_loading_info=True)
+    # Tensors of the wrong shape are reported in ``info`` (not raised with a pointer to a log).
+    model, info = transformers.MarianMTModel.from_pretrained(
+        directory, output_loading_info=True, ignore_mismatched_sizes=True
+    )
     problems = {
         kind: list(info.get(kind) or [])
         for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
@@ -460,6 +535,13 @@ def export_huggingface(
 
     loaded = load_for_export(checkpoints, target="the Hugging Face export")
     model, name = loaded.model, loaded.name
+    languages = Languages.from_vocab(loaded.state["vocab"])
+    if languages and languages.placement != "encoder":
+        raise ValueError(
+            f"{name}: --lang-tok {languages.placement}: the model reads its target-language tag as "
+            "its first output token, which MarianMT cannot request (its >>xx<< token leads the "
+            "source); export a model trained with --lang-tok encoder"
+        )
     config = marian_config(model.cfg)
     for side, spm in (("src", loaded.src_spm), ("tgt", loaded.tgt_spm)):
         if getattr(model.cfg, f"{side}_vocab_size") != spm.vocab_size:
@@ -512,12 +594,15 @@ def export_huggingface(
             tgt_spm=loaded.tgt_spm,
             source_lang=vocab["source_lang"],
             target_lang=vocab["target_lang"],
+            languages=languages,
             model_max_length=model.cfg.max_source_positions,
+            name=name,
         )
         with open(os.path.join(workdir, "README.md"), "w", encoding="utf-8") as handle:
             handle.write(
                 _card(
                     loaded,
+                    languages=languages,
                     output_dir=output_dir,
                     native_positions=native_positions,
                     scores=scores_text,
@@ -537,7 +622,7 @@ def export_huggingface(
             tgt_ids=range(model.cfg.tgt_vocab_size),
             name=name,
         )
-        _check_tokenizer(transformers, workdir, loaded.src_spm, name=name)
+        _check_tokenizer(transformers, workdir, loaded.src_spm, languages=languages, name=name)
     logger.info(
         "exported %s to %s (MarianMT, logits within %.2g of ours, positions %s)",
         name,
@@ -549,9 +634,15 @@ def export_huggingface(
 
 
 def _check_tokenizer(
-    transformers: Any, directory: str, spm: SentencePieceModel, *, name: str
+    transformers: Any,
+    directory: str,
+    spm: SentencePieceModel,
+    *,
+    languages: Languages | None,
+    name: str,
 ) -> None:
-    """MarianTokenizer of the export gives our ids (pieces + EOS) on text made of our pieces."""
+    """MarianTokenizer of the export gives our ids (pieces + EOS) on text made of our pieces, and
+    with each target's ``>>xx<<`` in front, that direction's tag first."""
     with warnings.catch_warnings():  # "Recommended: pip install sacremoses": see the model card
         warnings.simplefilter("ignore")
         tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
@@ -568,6 +659,9 @@ def _check_tokenizer(
     expected = spm.encode([text])[0] + [EOS_ID]
     if tokenizer(text).input_ids != expected:
         raise ValueError(f"{name}: MarianTokenizer of the export does not give our token ids")
+    for tag, code in (_marian_codes(languages.targets) if languages else {}).items():
+        if tokenizer(f"{code} {text}").input_ids != [languages.tags[tag], *expected]:
+            raise ValueError(f"{name}: MarianTokenizer of the export does not read {code} as {tag}")
 
 
 # ----------------------------------------------------------------------------- import
@@ -585,8 +679,118 @@ def _read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
+
+
+# What a config.json must say for the model to be built at all: transformers would otherwise build
+# its defaults' shape (d_model 1024...) and fail on the weights, or ours would.
+_MARIAN_SIZES = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+)
+_OPTIONAL_SIZES = ("decoder_vocab_size", "max_position_embeddings")  # null: transformers' default
+_PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout")
+_FLAGS = ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings")
+# Fields of BART-era Marian configs that transformers' MarianMT ignores: true would be a model that
+# neither transformers nor nmt computes.
+_IGNORED_IF_FALSE = ("normalize_before", "add_final_layer_norm", "normalize_embedding")
+
+
+def _check_marian_config(config: dict[str, Any], *, path: str) -> None:
+    """ValueError naming ``path`` and the field for a config.json that does not describe a MarianMT
+    model nmt can import: a size missing or not a positive integer, a dropout outside [0, 1], a flag
+    that is not true/false, an activation with no counterpart, heads that do not divide d_model."""
+    for key in _MARIAN_SIZES:
+        if key not in config:
+            raise ValueError(
+                f"{path}: no {key} (a MarianMT config.json gives {', '.join(_MARIAN_SIZES)})"
+            )
+    for key in (*_MARIAN_SIZES, *_OPTIONAL_SIZES):
+        value = config.get(key)
+        if (key in _MARIAN_SIZES or value is not None) and not (type(value) is int and value > 0):
+            raise ValueError(f"{path}: {key} {value!r} is not a positive integer")
+    for key in _PROBABILITIES:
+        value = config.get(key, 0.0)
+        if type(value) not in (int, float) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"{path}: {key} {value!r} is not a probability (0 to 1)")
+    for key in _FLAGS:
+        if type(config.get(key, False)) is not bool:
+            raise ValueError(f"{path}: {key} {config[key]!r} is not true or false")
+    for key in _IGNORED_IF_FALSE:
+        if config.get(key, False) is not False:
+            raise ValueError(
+                f"{path}: {key} {json.dumps(config[key])}: transformers' MarianMT ignores it (it "
+                "computes the model as if false), so the model it loads is not the one described"
+            )
+    activation = config.get("activation_function", "gelu")
+    if not isinstance(activation, str) or activation not in _ACTIVATIONS:
+        raise ValueError(
+            f"{path}: activation_function {activation!r} has no counterpart here "
+            f"({', '.join(_ACTIVATIONS)})"
+        )
+    for side in ("encoder", "decoder"):
+        heads = config[f"{side}_attention_heads"]
+        if config["d_model"] % heads:
+            raise ValueError(
+                f"{path}: d_model {config['d_model']} is not divisible by "
+                f"{side}_attention_heads {heads}"
+            )
+
+
+# The weights transformers reads, in its order of preference (sharded ones: their index).
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _marian_weights(directory: str) -> str:
+    """The weights file transformers will load from ``directory``, checked to be readable as what
+    its name says (ValueError naming it: missing, truncated, damaged, not a state dict)."""
+    path = next(
+        (
+            os.path.join(directory, name)
+            for name in _WEIGHT_FILES
+            if os.path.isfile(os.path.join(directory, name))
+        ),
+        None,
+    )
+    if path is None:
+        raise ValueError(
+            f"{os.path.join(directory, 'model.safetensors')}: missing, and no pytorch_model.bin "
+            "either: the model's weights"
+        )
+    if path.endswith(".safetensors"):
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(path, framework="pt") as handle:
+                handle.keys()
+        except SafetensorError as error:
+            raise ValueError(
+                f"{path}: not a complete safetensors file ({_first_line(error)}): truncated or "
+                "damaged?"
+            ) from None
+    elif path.endswith(".bin"):
+        state = load_torch_file(path, what="a PyTorch state dict")
+        if not isinstance(state, dict) or not all(
+            isinstance(value, torch.Tensor) for value in state.values()
+        ):
+            raise ValueError(f"{path}: not a PyTorch state dict (name -> tensor)")
+    return path
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _pieces_by_id(mapping: Any, path: str) -> list[str]:
@@ -613,11 +817,23 @@ def read_marian_directory(directory: str) -> MarianDirectory:
         raise ValueError(
             f"{config_path}: not a MarianMT model (model_type {kind!r}, nmt-import reads 'marian')"
         )
+    _check_marian_config(config, path=config_path)
     tokenizer_config_path = os.path.join(directory, "tokenizer_config.json")
     tokenizer_config = (
         _read_json(tokenizer_config_path) if os.path.isfile(tokenizer_config_path) else {}
     )
-    separate = bool(tokenizer_config.get("separate_vocabs", False))
+    if not isinstance(tokenizer_config, dict):
+        raise ValueError(f"{tokenizer_config_path}: not a JSON object")
+    for key in ("source_lang", "target_lang"):
+        if not isinstance(tokenizer_config.get(key, ""), str):
+            raise ValueError(
+                f"{tokenizer_config_path}: {key} {tokenizer_config[key]!r} is not a language code"
+            )
+    separate = tokenizer_config.get("separate_vocabs", False)
+    if type(separate) is not bool:
+        raise ValueError(
+            f"{tokenizer_config_path}: separate_vocabs {separate!r} is not true or false"
+        )
     needed = ["source.spm", "target.spm", "vocab.json"] + (
         ["target_vocab.json"] if separate else []
     )
@@ -653,7 +869,7 @@ def _marian_specials(
     (None: our BOS)."""
     pad = config.get("pad_token_id")
     eos = config.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
+    eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
     start = config.get("decoder_start_token_id", pad)
     unk_piece = tokenizer_config.get("unk_token", "<unk>")
     unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
@@ -664,13 +880,68 @@ def _marian_specials(
         ("eos_token_id", eos),
         ("decoder_start_token_id", start),
     ):
-        if not isinstance(index, int) or not 0 <= index < len(pieces):
-            raise ValueError(f"{path}: {role} {index!r} is not an id of the vocabulary")
+        if type(index) is not int or not 0 <= index < len(pieces):
+            raise ValueError(
+                f"{os.path.join(os.path.dirname(path), 'config.json')}: {role} {index!r} is not an "
+                f"id of {os.path.basename(path)} (0 to {len(pieces) - 1})"
+            )
     specials = {"pad": pad, "eos": eos, "unk": pieces.index(unk_piece)}
     if start not in specials.values():
         return {**specials, "bos": start}, None
     ours = {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID}
     return specials, next(ours[role] for role, index in specials.items() if index == start)
+
+
+def _lang_pairs(tokenizer_config: dict[str, Any], *, directory: str) -> list[str]:
+    """The directions an nmt export records in tokenizer_config.json (none: a bilingual model)."""
+    pairs = tokenizer_config.get("lang_pairs")
+    if pairs is None:
+        return []
+    option = f"{os.path.join(directory, 'tokenizer_config.json')}: lang_pairs"
+    if not isinstance(pairs, list) or not pairs or not all(isinstance(p, str) for p in pairs):
+        raise ValueError(f'{option}: not a list of directions like "en-de" ({pairs!r})')
+    return [f"{src}-{tgt}" for src, tgt in parse_lang_pairs(",".join(pairs), option=option)]
+
+
+def _import_languages(
+    files: MarianDirectory,
+    directory: str,
+    *,
+    source_lang: str | None,
+    target_lang: str | None,
+) -> tuple[str, str, Languages | None]:
+    """The checkpoint's source_lang and target_lang, and a multilingual model's directions (tags
+    not yet known: None for a bilingual model)."""
+    pairs = _lang_pairs(files.tokenizer_config, directory=directory)
+    if pairs:
+        if source_lang or target_lang:
+            raise ValueError(
+                f"--source-lang, --target-lang: {directory} is a multilingual model "
+                f"({', '.join(pairs)}); its directions come from its tokenizer_config.json"
+            )
+        languages = Languages(pairs=tuple(pairs), tags={}, placement="encoder")
+        return ",".join(languages.sources), ",".join(languages.targets), languages
+    source_lang = source_lang or files.tokenizer_config.get("source_lang")
+    target_lang = target_lang or files.tokenizer_config.get("target_lang")
+    if not source_lang or not target_lang or source_lang == target_lang:
+        raise ValueError(
+            f"{directory}: tokenizer_config.json names no distinct source_lang/target_lang; "
+            "give them with --source-lang and --target-lang"
+        )
+    return source_lang, target_lang, None
+
+
+def _restored(languages: Languages, proto: bytes, *, directory: str) -> dict[str, Any]:
+    """The checkpoint's multilingual entries, the tags read from the converted SentencePiece model,
+    where each must be a control piece (entering a sequence by id only, as in training)."""
+    tags = SentencePieceModel(proto, name=directory).tags
+    for lang in languages.targets:
+        if language_tag(lang) not in tags:
+            raise ValueError(
+                f"{os.path.join(directory, 'source.spm')}: {language_tag(lang)} is not a control "
+                "piece (a tag of an nmt export is): not the SentencePiece model nmt exported"
+            )
+    return dataclasses.replace(languages, tags=tags).to_vocab()
 
 
 def import_marian(
@@ -691,25 +962,38 @@ def import_marian(
     target_path = os.path.join(
         directory, "target_vocab.json" if files.target_vocab else "vocab.json"
     )
-    source_lang = source_lang or files.tokenizer_config.get("source_lang")
-    target_lang = target_lang or files.tokenizer_config.get("target_lang")
-    if not source_lang or not target_lang or source_lang == target_lang:
-        raise ValueError(
-            f"{directory}: tokenizer_config.json names no distinct source_lang/target_lang; "
-            "give them with --source-lang and --target-lang"
-        )
-    src_specials, _ = _marian_specials(
-        files.vocab, files.config, files.tokenizer_config, path=vocab_path
+    source_lang, target_lang, languages = _import_languages(
+        files, directory, source_lang=source_lang, target_lang=target_lang
     )
-    tgt_pieces = files.target_vocab or files.vocab
+    # Marian's >>de<< back to our tag <2de>: an nmt export's vocabulary is then its own again.
+    tags = (
+        {code: tag for tag, code in _marian_codes(languages.targets).items()} if languages else {}
+    )
+    missing = [code for code in tags if code not in files.vocab]
+    if missing:
+        raise ValueError(
+            f"{vocab_path}: no {missing[0]}, the token of a target language of the lang_pairs in "
+            "tokenizer_config.json"
+        )
+    src_pieces = _renamed(files.vocab, tags, name=vocab_path)
+    tgt_pieces = _renamed(files.target_vocab or files.vocab, tags, name=target_path)
+    src_specials, _ = _marian_specials(
+        src_pieces, files.config, files.tokenizer_config, path=vocab_path
+    )
     tgt_specials, start_id = _marian_specials(
         tgt_pieces, files.config, files.tokenizer_config, path=target_path
     )
     src_vocab = convert_vocabulary(
-        files.source_spm, files.vocab, specials=src_specials, name=f"{vocab_path} with source.spm"
+        files.source_spm,
+        src_pieces,
+        specials=src_specials,
+        name=f"{os.path.join(directory, 'source.spm')} (with vocab.json)",
     )
     tgt_vocab = convert_vocabulary(
-        files.target_spm, tgt_pieces, specials=tgt_specials, name=f"{target_path} with target.spm"
+        files.target_spm,
+        tgt_pieces,
+        specials=tgt_specials,
+        name=f"{os.path.join(directory, 'target.spm')} (with {os.path.basename(target_path)})",
     )
     for side, converted in (("source", src_vocab), ("target", tgt_vocab)):
         if converted.num_dropped:
@@ -720,23 +1004,29 @@ def import_marian(
                 converted.num_dropped,
                 side,
             )
+    weights = _marian_weights(directory)
+    from safetensors import SafetensorError
+
     try:
         hf_model, problems = _load_report(transformers, directory)
-    except (OSError, ValueError, RuntimeError) as error:
-        raise ValueError(
-            f"{directory}: transformers cannot load this model ({str(error).strip().splitlines()[0]})"
-        ) from None
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        # config.json and the weights' format were checked: what is left is the weights' content
+        raise ValueError(f"{weights}: transformers cannot load it ({_first_line(error)})") from None
     if problems:
         kind, keys = next(iter(problems.items()))
-        raise ValueError(f"{directory}: transformers loads it with {kind} {keys[:3]}")
-    theirs = {key: tensor.detach().float() for key, tensor in hf_model.state_dict().items()}
-    if theirs["model.encoder.embed_tokens.weight"].shape[0] != len(files.vocab) or theirs[
-        "lm_head.weight"
-    ].shape[0] != len(tgt_pieces):
         raise ValueError(
-            f"{vocab_path}: {len(files.vocab)} entries, the model's embeddings "
-            f"{theirs['model.encoder.embed_tokens.weight'].shape[0]} rows: the vocabulary of another model?"
+            f"{weights}: does not hold the model config.json describes ({kind} {keys[:3]})"
         )
+    theirs = {key: tensor.detach().float() for key, tensor in hf_model.state_dict().items()}
+    for path, pieces, key in (
+        (vocab_path, src_pieces, "model.encoder.embed_tokens.weight"),
+        (target_path, tgt_pieces, "lm_head.weight"),
+    ):
+        if theirs[key].shape[0] != len(pieces):
+            raise ValueError(
+                f"{path}: {len(pieces)} entries, the model's embeddings {theirs[key].shape[0]} "
+                "rows: the vocabulary of another model?"
+            )
     positions = tuple(
         position_kind(theirs[f"model.{side}.embed_positions.weight"])
         for side in ("encoder", "decoder")
@@ -744,19 +1034,18 @@ def import_marian(
     bias = theirs["final_logits_bias"]
     cfg = from_marian_config(
         files.config,
-        src_vocab_size=len(files.vocab) + (1 if "bos" not in src_specials else 0),
+        src_vocab_size=len(src_pieces) + (1 if "bos" not in src_specials else 0),
         tgt_vocab_size=len(tgt_pieces) + (1 if "bos" not in tgt_specials else 0),
         positions=positions,  # type: ignore[arg-type]
         output_bias=bool(bias.abs().max() > 0),
         decoder_start_id=start_id,
-        name=directory,
     )
     state = from_marian(
         theirs, cfg, src_ids=src_vocab.ours_from_foreign, tgt_ids=tgt_vocab.ours_from_foreign
     )
     model = build_model(cfg).eval()
     model.load_state_dict(state, strict=True)
-    src, src_lengths = _foreign_probe(len(files.vocab), src_specials, seed=0)
+    src, src_lengths = _foreign_probe(len(src_pieces), src_specials, seed=0)
     prev, _ = _foreign_probe(len(tgt_pieces), tgt_specials, seed=1)
     prev[:, 0] = int(files.config.get("decoder_start_token_id", tgt_specials["pad"]))
     prev_ours = torch.tensor(tgt_vocab.ours_from_foreign)[prev]
@@ -780,6 +1069,7 @@ def import_marian(
             "special_ids": dict(SPECIAL_IDS),
             "src_spm": bytes_to_tensor(src_vocab.proto),
             "tgt_spm": bytes_to_tensor(tgt_vocab.proto),
+            **(_restored(languages, src_vocab.proto, directory=directory) if languages else {}),
         },
         "provenance": {
             "imported_from": os.path.abspath(directory),

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import shutil
 
 import pytest
 import sentencepiece as sentencepiece_lib
@@ -507,3 +508,178 @@ def test_an_imported_opus_mt_like_model_exports_to_ctranslate2_with_our_translat
         log_probs = F.log_softmax(our_logits(model, src, torch.tensor([src.shape[1]]), prev)[0], -1)
         expected = log_probs.gather(1, torch.tensor(target + [EOS_ID])[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=2e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------- bad files, one line each
+def _edit_json(name: str, **changes):
+    """Set (or, with ..., delete) fields of a JSON file of the directory."""
+
+    def edit(directory) -> None:
+        values = json.loads((directory / name).read_text())
+        for key, value in changes.items():
+            if value is ...:
+                del values[key]
+            else:
+                values[key] = value
+        (directory / name).write_text(json.dumps(values))
+
+    return edit
+
+
+def _write(name: str, data: bytes):
+    return lambda directory: (directory / name).write_bytes(data)
+
+
+def _truncate(name: str):
+    def edit(directory) -> None:
+        data = (directory / name).read_bytes()
+        (directory / name).write_bytes(data[: len(data) // 2])
+
+    return edit
+
+
+def _edit_weights(edit_tensors):
+    def edit(directory) -> None:
+        weights = load_file(str(directory / "model.safetensors"))
+        edit_tensors(weights)
+        save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    return edit
+
+
+def _as_bin(then=None):
+    """The weights as pytorch_model.bin (transformers' other format), then ``then`` applied."""
+
+    def edit(directory) -> None:
+        weights = load_file(str(directory / "model.safetensors"))
+        (directory / "model.safetensors").unlink()
+        torch.save(weights, str(directory / "pytorch_model.bin"))
+        if then:
+            then(directory)
+
+    return edit
+
+
+BAD_FILES = {
+    "no weights": (
+        lambda d: (d / "model.safetensors").unlink(),
+        "model.safetensors: missing, and no pytorch_model.bin either",
+    ),
+    "truncated safetensors": (
+        _truncate("model.safetensors"),
+        "model.safetensors: not a complete safetensors file (Error while deserializing header: "
+        "incomplete metadata",
+    ),
+    "safetensors of zeros": (
+        _write("model.safetensors", bytes(64)),
+        "model.safetensors: not a complete safetensors file",
+    ),
+    "a tensor of another shape": (
+        _edit_weights(lambda w: w.update({"model.encoder.layers.0.fc1.bias": torch.zeros(3)})),
+        "model.safetensors: does not hold the model config.json describes (mismatched_keys "
+        "[('model.encoder.layers.0.fc1.bias'",
+    ),
+    "a tensor missing": (
+        _edit_weights(lambda w: w.pop("model.encoder.layers.1.fc2.weight")),
+        "model.safetensors: does not hold the model config.json describes (missing_keys "
+        "['model.encoder.layers.1.fc2.weight']",
+    ),
+    "more layers than weights": (
+        _edit_json("config.json", encoder_layers=3),
+        "model.safetensors: does not hold the model config.json describes (missing_keys",
+    ),
+    "truncated pytorch_model.bin": (
+        _as_bin(_truncate("pytorch_model.bin")),
+        "pytorch_model.bin: not a PyTorch state dict (a truncated or damaged zip archive)",
+    ),
+    "text as pytorch_model.bin": (
+        _as_bin(_write("pytorch_model.bin", b"not weights\n" * 10)),
+        "pytorch_model.bin: not a PyTorch state dict",
+    ),
+    "pytorch_model.bin not a state dict": (
+        _as_bin(lambda d: torch.save([1, 2], str(d / "pytorch_model.bin"))),
+        "pytorch_model.bin: not a PyTorch state dict (name -> tensor)",
+    ),
+    "config.json not JSON": (
+        _write("config.json", b'{"model_type": "marian",'),
+        "config.json: not valid JSON",
+    ),
+    "config.json not text": (_write("config.json", b"\xff\xfe\x00"), "config.json: not valid JSON"),
+    "unknown activation": (
+        _edit_json("config.json", activation_function="mish"),
+        "config.json: activation_function 'mish' has no counterpart here",
+    ),
+    "no d_model": (_edit_json("config.json", d_model=...), "config.json: no d_model"),
+    "d_model not a number": (
+        _edit_json("config.json", d_model="32"),
+        "config.json: d_model '32' is not a positive integer",
+    ),
+    "heads that do not divide d_model": (
+        _edit_json("config.json", decoder_attention_heads=5),
+        "config.json: d_model 32 is not divisible by decoder_attention_heads 5",
+    ),
+    "dropout above 1": (
+        _edit_json("config.json", dropout=2),
+        "config.json: dropout 2 is not a probability",
+    ),
+    "flag not a boolean": (
+        _edit_json("config.json", scale_embedding="yes"),
+        "config.json: scale_embedding 'yes' is not true or false",
+    ),
+    "pre-norm asked of Marian": (
+        _edit_json("config.json", normalize_before=True),
+        "config.json: normalize_before true: transformers' MarianMT ignores it",
+    ),
+    "no eos id": (
+        _edit_json("config.json", eos_token_id=[]),
+        "config.json: eos_token_id [] is not an id of vocab.json",
+    ),
+    "tokenizer_config.json not an object": (
+        _write("tokenizer_config.json", b"[]"),
+        "tokenizer_config.json: not a JSON object",
+    ),
+    "separate_vocabs not a boolean": (
+        _edit_json("tokenizer_config.json", separate_vocabs="no"),
+        "tokenizer_config.json: separate_vocabs 'no' is not true or false",
+    ),
+    "source_lang not a code": (
+        _edit_json("tokenizer_config.json", source_lang=7),
+        "tokenizer_config.json: source_lang 7 is not a language code",
+    ),
+    "lang_pairs not pairs": (
+        _edit_json("tokenizer_config.json", lang_pairs=["en"]),
+        "tokenizer_config.json: lang_pairs: 'en' is not a pair SRC-TGT",
+    ),
+    "vocab.json not JSON": (_write("vocab.json", b"{"), "vocab.json: not valid JSON"),
+    "vocab.json an entry short": (
+        lambda d: (d / "vocab.json").write_text(
+            json.dumps({p: i for p, i in json.loads((d / "vocab.json").read_text()).items() if i})
+        ),
+        "vocab.json: the ids are not 0..",
+    ),
+    "vocab.json of a larger model": (
+        _edit_json("vocab.json", **{"▁extra": 534}),  # ids 0..533 are the model's
+        "vocab.json: 535 entries, the model's embeddings 534 rows",
+    ),
+    "source.spm not SentencePiece": (
+        _write("source.spm", b"\x00garbage"),
+        "source.spm (with vocab.json): not a SentencePiece model",
+    ),
+    "truncated target.spm": (
+        _truncate("target.spm"),
+        "target.spm (with vocab.json): not a SentencePiece model",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_every_bad_file_is_one_line_naming_it(opus_like, tmp_path, capsys, case):
+    break_it, expected = BAD_FILES[case]
+    broken = tmp_path / "opus-mt-en-de"
+    shutil.copytree(opus_like, broken)
+    break_it(broken)
+    out = tmp_path / "out"
+    assert import_main([str(broken), "--from", "huggingface", "--output-dir", str(out)]) == 1
+    line = _error(capsys)
+    assert line.startswith(f"nmt-import: error: {broken}/") and expected in line, line
+    assert not out.exists()
