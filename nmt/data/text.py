@@ -27,9 +27,17 @@ class DataError(ValueError):
 def resolve_text_file(prefix: str, lang: str) -> str:
     """``PREFIX.LANG`` or its compressed form (``.gz``, ``.xz``, ``.zst``); a clear error when none exists."""
     plain = f"{prefix}.{lang}"
-    for candidate in (plain, *(plain + suffix for suffix in COMPRESSED_SUFFIXES)):
-        if os.path.isfile(candidate):
-            return candidate
+    found = [
+        candidate
+        for candidate in (plain, *(plain + suffix for suffix in COMPRESSED_SUFFIXES))
+        if os.path.isfile(candidate)
+    ]
+    if len(found) > 1:  # which one is meant? They may hold different text.
+        raise DataError(
+            f"{plain}: found as {' and '.join(found)}; keep one of them (move the others away)"
+        )
+    if found:
+        return found[0]
     raise DataError(
         f"{plain}: no such file (also tried {', '.join(plain + s for s in COMPRESSED_SUFFIXES)})"
     )

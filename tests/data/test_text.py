@@ -123,3 +123,16 @@ def test_invalid_utf8_names_file_and_line():
     decoded = decode_lines(raw, path="c.en", replace_invalid=True, first_line=10)
     assert decoded.invalid == [1] and decoded.lines == ["fine", "bad \ufffd byte"]
     assert decode_lines([], path="c.en", replace_invalid=False).lines == []
+
+
+def test_a_text_file_in_two_forms_is_refused_naming_both(tmp_path):
+    (tmp_path / "train.en").write_text("a\n", encoding="utf-8")
+    assert resolve_text_file(str(tmp_path / "train"), "en") == str(tmp_path / "train.en")
+    with gzip.open(tmp_path / "train.en.gz", "wt", encoding="utf-8") as handle:
+        handle.write("b\n")
+    with pytest.raises(
+        DataError, match=r"train\.en: found as .*train\.en and .*train\.en\.gz; keep one"
+    ):
+        resolve_text_file(str(tmp_path / "train"), "en")
+    (tmp_path / "train.en").unlink()
+    assert resolve_text_file(str(tmp_path / "train"), "en") == str(tmp_path / "train.en.gz")
