@@ -910,8 +910,8 @@ def _import_languages(
     source_lang: str | None,
     target_lang: str | None,
 ) -> tuple[str, str, Languages | None]:
-    """The checkpoint's source_lang and target_lang, and a multilingual model's directions (tags
-    not yet known: None for a bilingual model)."""
+    """The checkpoint's source_lang and target_lang, and a multilingual model's directions (None:
+    bilingual) whose tag ids are read later, from the converted vocabulary."""
     pairs = _lang_pairs(files.tokenizer_config, directory=directory)
     if pairs:
         if source_lang or target_lang:
