@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from typing import TypeVar
 
 _T = TypeVar("_T")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL_SECONDS = 0.5
-_SIGNAL_POLL_SECONDS = 0.5
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -138,24 +140,46 @@ def signals_deferred() -> Iterator[None]:
         raise _interrupt(state.received)
 
 
-def run_interruptibly(function: Callable[[], _T]) -> _T:
-    """``function()`` on a daemon thread while this one waits, so that a signal is handled at once
-    even when ``function`` is one long call into C (SentencePiece training) that releases the GIL.
-    Interrupted, the thread is abandoned: it ends with the process."""
-    result: list[_T] = []
-    error: list[BaseException] = []
+def run_in_child(function: Callable[[], _T], *, what: str) -> _T:
+    """``function()`` in a forked child process that dies with this one; its result or exception
+    comes back pickled. For a long call into C that never looks at signals (SentencePiece
+    training): this process waits on a pipe, so a signal is acted on at once and the child is
+    killed, and no thread is left running C code while the interpreter shuts down (in C++ code
+    that calls back into Python, that ends in ``std::terminate``). A crash in C ends the child
+    only: ChildProcessError (an OSError) naming ``what``."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_child_main, args=(function, sender, os.getpid()), name=what, daemon=True
+    )
+    child.start()
+    sender.close()  # the child holds the write end: its death is our EOF
+    try:
+        succeeded, value = receiver.recv()
+    except EOFError:
+        child.join()
+        raise ChildProcessError(
+            errno.ECHILD,
+            f"its process died (exit status {child.exitcode}: killed, or out of memory)",
+            what,
+        ) from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receiver.close()
+    if not succeeded:
+        raise value
+    return value
 
-    def target() -> None:
-        try:
-            result.append(function())
-        except BaseException as raised:  # handed to the waiting thread, which raises it
-            error.append(raised)
 
-    thread = threading.Thread(target=target, name="interruptible", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        # In steps: a signal that the kernel gave another thread wakes no wait of this one.
-        thread.join(_SIGNAL_POLL_SECONDS)
-    if error:
-        raise error[0]
-    return result[0]
+def _child_main(function: Callable[[], object], sender: Connection, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    try:
+        result: tuple[bool, object] = (True, function())
+    except Exception as error:  # handed to the parent, which raises it
+        result = (False, error)
+    try:
+        sender.send(result)
+    except Exception as error:  # an exception that does not pickle: its text
+        sender.send((False, RuntimeError(f"{type(result[1]).__name__}: {result[1]} ({error})")))

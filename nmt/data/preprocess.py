@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import gzip
 import hashlib
 import logging
@@ -78,7 +77,7 @@ from nmt.fileio import (
     open_for_writing,
     write_all,
 )
-from nmt.workers import die_with_parent, run_interruptibly, signals_deferred, stop_on_signals
+from nmt.workers import die_with_parent, signals_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -453,20 +452,16 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
         if not num_sentences:
             raise DataError(f"no non-empty training sentences to train SentencePiece on ({label})")
         started = time.perf_counter()
-        # SentencePiece copies each sentence: ours go as it takes them, not at the end
-        sentences = _drain(sample)
-        # Minutes in C on a large sample: run aside, so that a signal stops the run at once.
-        proto = run_interruptibly(
-            functools.partial(
-                train_model,
-                sentences,
-                vocab_size=cfg.spm_vocab_size,
-                model_type=cfg.spm_model_type,
-                character_coverage=cfg.spm_character_coverage,
-                num_threads=1,
-                tags=reserved_tags([cfg.source_lang, cfg.target_lang]),
-                label=f"a sample of {num_sentences} training sentences ({label})",
-            )
+        proto = train_model(
+            _drain(
+                sample
+            ),  # SentencePiece copies each sentence: ours go as it takes them, not at the end
+            vocab_size=cfg.spm_vocab_size,
+            model_type=cfg.spm_model_type,
+            character_coverage=cfg.spm_character_coverage,
+            num_threads=1,
+            tags=reserved_tags([cfg.source_lang, cfg.target_lang]),
+            label=f"a sample of {num_sentences} training sentences ({label})",
         )
         vocab_size = SentencePieceModel(proto).vocab_size
         logger.info(
@@ -907,18 +902,16 @@ def preprocess(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
     if cfg.lang_pairs is not None:
         raise ValueError("--lang-pairs: a multilingual dataset (nmt.data.multilingual)")
     shard = shard_of(cfg)
-    # SIGTERM unwinds like Ctrl+C: the pool is closed, the work directory removed, the lock released.
-    with stop_on_signals():
-        pool = EncodePool(cfg.workers or os.cpu_count() or 1, kind=cfg.encoder)
-        destdir = os.path.abspath(cfg.destdir)
-        what = f"--destdir {destdir}"
-        try:
-            if shard.count == 1:
-                with exclusive_lock(lock_path_beside(destdir), what=what):
-                    return build_dataset(cfg, destdir, shard=shard, pool=pool)
-            return _preprocess_shard(cfg, destdir, shard=shard, pool=pool)
-        finally:
-            pool.close()
+    pool = EncodePool(cfg.workers or os.cpu_count() or 1, kind=cfg.encoder)
+    destdir = os.path.abspath(cfg.destdir)
+    what = f"--destdir {destdir}"
+    try:
+        if shard.count == 1:
+            with exclusive_lock(lock_path_beside(destdir), what=what):
+                return build_dataset(cfg, destdir, shard=shard, pool=pool)
+        return _preprocess_shard(cfg, destdir, shard=shard, pool=pool)
+    finally:
+        pool.close()
 
 
 def _preprocess_shard(

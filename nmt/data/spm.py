@@ -6,12 +6,15 @@ reads BOS + target[:-1] (built at collate time), so BOS is never stored on disk.
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as sentencepiece_lib
+
+from nmt.workers import run_in_child
 
 PAD_ID = 0
 BOS_ID = 1
@@ -52,23 +55,24 @@ def train_model(
     the real size is read back from the model and recorded. SentencePiece's own errors (degenerate
     text) become one ``ValueError`` naming ``label``.
     """
-    model = io.BytesIO()
+    train = functools.partial(
+        _train,
+        sentence_iterator=iter(sentences),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        control_symbols=list(tags),
+        hard_vocab_limit=False,
+        num_threads=num_threads,
+        minloglevel=2,
+    )
     try:
-        sentencepiece_lib.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            pad_id=PAD_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            unk_id=UNK_ID,
-            control_symbols=list(tags),
-            hard_vocab_limit=False,
-            num_threads=num_threads,
-            minloglevel=2,
-        )
+        # Minutes in C on a large sample: aside, so that a signal to this process stops it at once.
+        return run_in_child(train, what=f"SentencePiece training on {label}")
     except RuntimeError as error:
         # e.g. "Internal: src/trainer_interface.cc(...) [!sentences_.empty()]" when every sentence is
         # longer than SentencePiece's limit (4,192 bytes) or the text has too few distinct characters.
@@ -77,6 +81,11 @@ def train_model(
             f"SentencePiece training failed on {label}: {reason} (it skips sentences over 4,192 bytes "
             "and needs ordinary text: check the training files)"
         ) from None
+
+
+def _train(**options: object) -> bytes:
+    model = io.BytesIO()
+    sentencepiece_lib.SentencePieceTrainer.train(model_writer=model, **options)
     return model.getvalue()
 
 

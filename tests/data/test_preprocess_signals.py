@@ -18,9 +18,10 @@ import time
 
 import pytest
 
+from nmt.fileio import describe_os_error
 from nmt.workers import (
     Terminated,
-    run_interruptibly,
+    run_in_child,
     signals_deferred,
     stop_on_signals,
 )
@@ -198,24 +199,31 @@ def test_a_signal_in_a_deferred_block_stops_the_run_after_it():
 
 
 def _deaf_sleep(seconds):
-    """Like a long call into C that never looks at signals (SentencePiece training), GIL released."""
+    """Like a long call into C that never looks at signals (SentencePiece training)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-    try:
-        time.sleep(seconds)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+    time.sleep(seconds)
 
 
-def test_a_long_call_in_c_is_interrupted_at_once():
+def test_a_long_call_in_c_in_a_child_is_stopped_at_once_and_the_child_with_it():
     started = time.monotonic()
+    before = children(os.getpid())
     with pytest.raises(Terminated):
         with stop_on_signals():
             _signal_soon(signal.SIGTERM)
-            run_interruptibly(lambda: _deaf_sleep(20))
+            run_in_child(lambda: _deaf_sleep(30), what="sleeping")
     assert time.monotonic() - started < STOP_SECONDS
-    assert run_interruptibly(lambda: 42) == 42
+    assert set(children(os.getpid())) <= set(before)  # killed and reaped
+
+
+def test_a_child_gives_back_its_result_its_error_or_its_death():
+    assert run_in_child(lambda: os.getpid(), what="pid") != os.getpid()
     with pytest.raises(ValueError, match="bad text"):
-        run_interruptibly(lambda: (_ for _ in ()).throw(ValueError("bad text")))
+        run_in_child(lambda: (_ for _ in ()).throw(ValueError("bad text")), what="raising")
+    with pytest.raises(OSError) as died:
+        run_in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), what="SentencePiece training")
+    assert describe_os_error(died.value).strerror == (
+        "SentencePiece training: its process died (exit status -9: killed, or out of memory)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -354,17 +362,19 @@ class _Stderr:
 
 
 # stage -> (corpus, --spm-vocab-size, --spm-sample-size, what stderr shows once the stage runs,
-# what it shows once the stage is over)
+# the child processes then (2 encoding workers, and SentencePiece's trainer), what stderr shows
+# once the stage is over)
 STAGES = {
-    "sample": ("long", 60, 2000, r"sample for SentencePiece", r"trained SentencePiece"),
+    "sample": ("long", 60, 2000, r"sample for SentencePiece", 2, r"trained SentencePiece"),
     "spm training": (
         "slow_spm",
         4000,
         500_000,
         r"sample for SentencePiece[^\n]*\n",
+        3,
         r"trained SentencePiece",
     ),
-    "encoding": ("long", 60, 2000, r"encode: [1-9]", r"encoded \d+ pairs"),
+    "encoding": ("long", 60, 2000, r"encode: [1-9]", 2, r"encoded \d+ pairs"),
 }
 # signal -> (sent to the process group, exit status, last line of stderr)
 STOPS = {
@@ -374,15 +384,12 @@ STOPS = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", sorted(STOPS))
-@pytest.mark.parametrize("stage", sorted(STAGES))
-def test_a_stopped_run_ends_with_its_workers_and_leaves_no_dataset(corpora, tmp_path, stage, stop):
-    corpus, vocab, sample, running, over = STAGES[stage]
-    to_group, status, last_line = STOPS[stop]
-    destdir = tmp_path / "out"
+def _stop(command, *, running, num_children, stop):
+    """Start ``command``, send it ``stop`` once stderr matches ``running`` and it has
+    ``num_children`` child processes: (exit status, seconds from the signal to the exit, stderr,
+    {child PID: start time} as they were at the signal)."""
     run = subprocess.Popen(
-        _command(corpora / corpus, destdir, vocab=vocab, sample=sample),
+        command,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, as a shell's job is
@@ -390,32 +397,77 @@ def test_a_stopped_run_ends_with_its_workers_and_leaves_no_dataset(corpora, tmp_
     try:
         stderr = _Stderr(run.stderr)
         stderr.wait_for(running)
-        workers = children(run.pid)
-        assert len(workers) == 2, workers
+        deadline = time.monotonic() + 30
+        while len(workers := children(run.pid)) != num_children and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(workers) == num_children, (workers, stderr.text)
         signum = getattr(signal, stop)
         stopped = time.monotonic()
-        if to_group:
+        if STOPS[stop][0]:
             os.killpg(run.pid, signum)
         else:
             run.send_signal(signum)
         returncode = run.wait(timeout=60)
-        took = time.monotonic() - stopped
-        text = stderr.finish()
+        return returncode, time.monotonic() - stopped, stderr.finish(), workers
     finally:
         run.kill()
+
+
+def _check_stopped(directory, stop, returncode, took, text):
+    """The exit status and last line ``stop`` calls for, in time; no dataset, and after a signal
+    the run can handle, no leftover at all (work directory removed, the lock file gone with its
+    holder)."""
+    _, status, last_line = STOPS[stop]
     assert returncode == status, text
     assert took < STOP_SECONDS, (took, text)
-    assert wait_until_gone(workers, WORKERS_GONE_SECONDS) == []
-    assert not re.search(over, text), "stopped after the stage it was meant to stop in"
     if last_line is not None:
         assert text.rstrip("\n").rsplit("\n", 1)[-1].rsplit("\r", 1)[-1] == last_line, text
         assert "Traceback" not in text, text
-        # Unwound: the work directory is removed and the lock file goes with its holder.
-        assert [p for p in os.listdir(tmp_path) if "out" in p] == []
-    assert not destdir.exists()
+        assert [p for p in os.listdir(directory) if "out" in p] == []
+    assert not (directory / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", sorted(STOPS))
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_a_stopped_run_ends_with_its_workers_and_leaves_no_dataset(corpora, tmp_path, stage, stop):
+    corpus, vocab, sample, running, num_children, over = STAGES[stage]
+    destdir = tmp_path / "out"
+    command = _command(corpora / corpus, destdir, vocab=vocab, sample=sample)
+    returncode, took, text, workers = _stop(
+        command, running=running, num_children=num_children, stop=stop
+    )
+    _check_stopped(tmp_path, stop, returncode, took, text)
+    assert wait_until_gone(workers, WORKERS_GONE_SECONDS) == []
+    assert not re.search(over, text), "stopped after the stage it was meant to stop in"
 
     rerun = subprocess.run(
         _command(corpora / "tiny", destdir, vocab=60), capture_output=True, text=True
     )
     assert rerun.returncode == 0, rerun.stderr
     assert sorted(p for p in os.listdir(tmp_path) if "out" in p) == ["out"]  # SIGKILL's left swept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_a_multilingual_run_stopped_in_sentencepiece_training(corpora, tmp_path, stop):
+    """--lang-pairs (no worker pool): the same exit, at once, SentencePiece's trainer process too."""
+    command = [
+        sys.executable,
+        "-m",
+        "nmt_cli.preprocess",
+        "--lang-pairs",
+        "en-de",
+        "--trainpref",
+        str(corpora / "slow_spm" / "train"),
+        "--destdir",
+        str(tmp_path / "out"),
+        "--spm-vocab-size",
+        "4000",
+    ]
+    returncode, took, text, trainer = _stop(
+        command, running=r"SentencePiece sample: \d+ en sentences", num_children=1, stop=stop
+    )
+    _check_stopped(tmp_path, stop, returncode, took, text)
+    assert wait_until_gone(trainer, WORKERS_GONE_SECONDS) == []
+    assert "trained joint SentencePiece" not in text
