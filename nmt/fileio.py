@@ -252,9 +252,36 @@ def made_by(directory: str) -> str | None:
 
 
 def mark_directory(directory: str, command: str) -> None:
-    """Record that ``command`` made ``directory``: its ``replace_flag`` may replace it later."""
+    """Record that ``command`` made ``directory`` and what it put there (the names at its top):
+    its ``replace_flag`` may replace it later, with those and nothing else that nmt keeps."""
+    names = sorted(name for name in os.listdir(directory) if name != MADE_BY)
     with atomic_write(os.path.join(directory, MADE_BY), "w", encoding="utf-8") as handle:
-        handle.write(command + "\n")
+        handle.write("".join(line + "\n" for line in (command, *names)))
+
+
+def _made_entries(directory: str) -> set[str] | None:
+    """The names the marker says its command put at the top of ``directory``; None for a marker
+    from before they were recorded."""
+    try:
+        with open(os.path.join(directory, MADE_BY), encoding="utf-8") as handle:
+            lines = handle.read().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return {line for line in lines[1:] if line} if len(lines) > 2 else None
+
+
+def _foreign(item: tuple[str, str], destination: Destination) -> bool:
+    """Whether something nmt keeps, found inside a directory about to be replaced, is not the
+    replacing command's own: not a part the same command made (a sharded dataset's), and not
+    among the names its marker lists (without a list: any save dir, dataset or export below)."""
+    kind, path = item
+    if made_by(path) == destination.made_by:
+        return False
+    entries = _made_entries(destination.path)
+    if entries is None:
+        return kind != "checkpoint"
+    top = os.path.relpath(path, destination.path).split(os.sep)[0]
+    return top not in entries
 
 
 def check_destination(destination: Destination) -> None:
@@ -273,10 +300,7 @@ def check_destination(destination: Destination) -> None:
             f"{path}: not a directory {destination.made_by} made (no {MADE_BY} naming it), so "
             f"{flag} does not replace it; remove it yourself or choose another {option}"
         )
-    # A sharded dataset's parts are datasets the same command made: replaced with it.
-    kept = next(
-        (item for item in _kept_below(path) if made_by(item[1]) != destination.made_by), None
-    )
+    kept = next((item for item in _kept_below(path) if _foreign(item, destination)), None)
     if kept is not None:
         raise ValueError(
             f"{path}: holds {_describe(*kept)}, which {flag} would delete with it; move it out "

@@ -416,11 +416,16 @@ def test_what_cannot_be_converted_is_a_one_line_error(tiny, opus_like, tmp_path,
         == 1
     )
     assert "not a MarianMT model" in _error(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
     assert (
-        import_main([str(tmp_path), "--from", "huggingface", "--output-dir", str(tmp_path / "o")])
-        == 1
+        import_main([str(empty), "--from", "huggingface", "--output-dir", str(tmp_path / "o")]) == 1
     )
     assert "no config.json" in _error(capsys)
+    # An output inside the directory being imported is refused by the output guard.
+    inside = str(not_marian / "o")
+    assert import_main([str(not_marian), "--from", "huggingface", "--output-dir", inside]) == 1
+    assert "lies inside SOURCE" in _error(capsys)
 
     broken = tmp_path / "no-spm"
     broken.mkdir()
