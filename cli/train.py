@@ -196,8 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.train.difficulty import checkpoint_scorer
     from nmt.train.parallel import session
     from nmt.train.trainer import Trainer
+    from nmt.workers import stop_on_signals
 
     def run() -> int:
+        with stop_on_signals():  # until the first update, which saves before it stops
+            return train()
+
+    def train() -> int:
         manifest = load_manifest(vars(args)["data.data_dir"])
         train_cfg, model_cfg = make_configs(args, manifest)
         bleu_validator = None

@@ -1,20 +1,29 @@
 """Where a run is (``Progress``) and when it ends: limits the host knows (--max-update,
---max-epoch), and those every rank must agree on (a signal, --stop-time-hours), agreed at the log
-points where the device is read anyway, so every rank stops after the same update."""
+--max-epoch), and those every rank must agree on (a signal, --stop-time-hours), agreed on a clock
+(``Agreements``), so every rank stops after the same update within seconds of a signal, whatever
+the update rate and --log-interval."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from nmt import dist
 from nmt.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
 STOPPED_BY_SIGNAL = "stopped by signal"
+
+# The wall-clock time between two agreements of several ranks: a signal is acted on within about
+# that (a scheduler's grace period is often 10 to 30 s), for one small host collective each time.
+AGREEMENT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -25,24 +34,90 @@ class Progress:
 
 
 class StopSignal:
-    """SIGTERM/SIGINT: remembered, acted on at the next agreement point (finish, save, exit 0)."""
+    """SIGTERM/SIGINT remembered, for the run to act on at the ranks' next agreement (finish the
+    update, save, exit 0), from ``remember`` (the first update) to the end of the ``with``. Before,
+    the handlers in place act: in nmt-train ``nmt.workers.stop_on_signals``'s, which stop the
+    start-up at once (there is nothing to save yet)."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignal:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
         return self
+
+    def remember(self) -> None:
+        if not self._previous:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
-        logger.warning("received signal %d: stopping at the next log point", signum)
+        logger.warning("received signal %d: stopping within seconds, after saving", signum)
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Agreements:
+    """When the ranks next agree on the signals and the clock: every ``interval`` updates,
+    re-derived at each agreement from the main rank's clock so that an interval takes about
+    ``target_seconds``. Each rank derives it from the same agreed seconds, so all of them hold the
+    collective at the same update (a rank alone in a collective would wait in it for good).
+    ``target_seconds`` 0: an agreement after every update (one rank, where it costs nothing)."""
+
+    def __init__(
+        self,
+        *,
+        after_update: int,
+        target_seconds: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.target_seconds = target_seconds
+        self.interval = 1  # the first updates (warm-up, compilation) are the slowest
+        self.last_update = after_update
+        self.clock = clock
+        self.started = clock()
+
+    def due(self, update: int) -> bool:
+        return update >= self.last_update + self.interval
+
+    def own_seconds(self, *, is_main: bool) -> float:
+        """For the sum over the ranks: the main rank's seconds since the last agreement (the
+        others give 0, so every rank reads the same value bit for bit)."""
+        return self.clock() - self.started if is_main else 0.0
+
+    def agreed(self, seconds: float, *, update: int) -> None:
+        """``seconds``: the agreed sum of ``own_seconds`` at the agreement after ``update``."""
+        per_update = seconds / max(update - self.last_update, 1)
+        self.interval = next_interval(
+            per_update, previous=self.interval, target_seconds=self.target_seconds
+        )
+        self.last_update = update
+        self.started = self.clock()
+
+
+def next_interval(seconds_per_update: float, *, previous: int, target_seconds: float) -> int:
+    """The updates that fit in ``target_seconds``, at least 1, and at most twice ``previous``: a
+    spell of fast updates must not stretch the next interval far beyond the target should the
+    updates slow down again (longer batches, another job on the machine)."""
+    if seconds_per_update <= 0:  # a clock that did not move: the fastest growth allowed
+        return 2 * previous
+    return max(1, int(min(target_seconds / seconds_per_update, 2 * previous)))
+
+
+def agree_on_host(
+    flags: Sequence[bool], numbers: Sequence[float]
+) -> tuple[list[bool], list[float]]:
+    """``flags`` (true where any rank set them) and ``numbers`` (summed) over the ranks, in host
+    memory (``.numpy()``: no device, so no wait for one); on one rank they are their own sums."""
+    if dist.get_world_size() == 1:
+        return list(flags), list(numbers)
+    values = torch.tensor([*map(float, flags), *numbers], dtype=torch.float64)
+    summed = dist.all_reduce_sum(values).numpy().tolist()
+    return [value > 0 for value in summed[: len(flags)]], summed[len(flags) :]
 
 
 class Stopping:

@@ -1,9 +1,10 @@
 """The training loop, readable top to bottom.
 
 The data plan (``nmt.data.plan``) decides what each update trains on; ``UpdateStep`` runs it;
-each component decides whether it acts after an update: ``Stopping`` (the limits), ``MetricsLog``
-(every --log-interval updates, where the device is read and the ranks agree on signals and the
-clock), ``Validator`` and ``Checkpointer``. ``Trainer.train`` is the order of those calls.
+each component decides whether it acts after an update: ``Stopping`` (the limits, a signal and
+the clock, which the ranks agree on every few seconds: ``Agreements``), ``MetricsLog`` (every
+--log-interval updates, where the device is read), ``Validator`` and ``Checkpointer``.
+``Trainer.train`` is the order of those calls.
 """
 
 from __future__ import annotations
@@ -37,8 +38,17 @@ from nmt.train.compile import CompiledModel, compile_for_shapes
 from nmt.train.metrics import MetricsLog
 from nmt.train.parallel import Session, wrap_data_parallel
 from nmt.train.step import UpdateStep
-from nmt.train.stopping import STOPPED_BY_SIGNAL, Progress, Stopping, StopSignal
+from nmt.train.stopping import (
+    AGREEMENT_SECONDS,
+    STOPPED_BY_SIGNAL,
+    Agreements,
+    Progress,
+    Stopping,
+    StopSignal,
+    agree_on_host,
+)
 from nmt.train.validate import Validator
+from nmt.workers import signals_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +148,10 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- the run
     def train(self) -> int:
-        """Train until a limit, a signal or --patience stops the run; the number of updates done."""
+        """Train until a limit, a signal or --patience stops the run; the number of updates done.
+        From the first update on, a signal stops the run at the ranks' next agreement (within
+        seconds), after a checkpoint; before it, the handlers in place act (nmt-train's stop the
+        start-up at once: ``nmt.workers.stop_on_signals``)."""
         try:
             with StopSignal() as stop_signal:
                 self.resume()
@@ -146,24 +159,22 @@ class Trainer:
                     assert self.plan.static is not None
                     self.compiled = compile_for_shapes(self.step, self.plan.static)
                 reason = self.stopping.before_start(epoch=self.plan.epoch)
+                several = self.session.world_size > 1
+                agreements = Agreements(
+                    after_update=self.num_updates,
+                    target_seconds=AGREEMENT_SECONDS if several else 0.0,
+                )
                 for update in [] if reason else self.updates():
+                    stop_signal.remember()  # the first update has its data: a stop saves from now on
                     self.metrics.count(self.step(update))
                     self.num_updates += 1
                     at = Progress(self.num_updates, update.epoch, update.ends_epoch)
                     if update.ends_epoch:
                         self.plan.end_epoch()
                     reason = self.stopping.after_update(at)
-                    if self.metrics.due(at):
-                        reading = self.step.read(
-                            flags=self.stopping.flags(stop_signal),
-                            numbers=self.stopping.time_share(is_main=self.session.is_main),
-                        )
-                        if reading.numbers:
-                            self.step.scheduler.follow_time(reading.numbers[0])
-                        self.metrics.log_reading(
-                            reading, at=at, lr=self.step.scheduler.get_last_lr()[0]
-                        )
-                        reason = self.stopping.agreed(reading.flags) or reason
+                    log = self.metrics.due(at)
+                    if log or agreements.due(at.update):
+                        reason = self.agree(at, agreements, stop_signal, log=log) or reason
                     if self.after_update(at, reason):
                         reason = reason or self.validator.patience_reason()
                     if reason:
@@ -174,6 +185,31 @@ class Trainer:
             return self.num_updates
         finally:
             self.close()
+
+    def agree(
+        self, at: Progress, agreements: Agreements, stop_signal: StopSignal, *, log: bool
+    ) -> str | None:
+        """Every rank's signal and clock, summed over the ranks; the stop reason they agree on.
+        At a log point it rides on the read of the device; elsewhere it is a collective in host
+        memory (no device sync), after the same update on every rank (``Agreements``)."""
+        is_main = self.session.is_main
+        flags = self.stopping.flags(stop_signal)
+        numbers = [
+            agreements.own_seconds(is_main=is_main),
+            *self.stopping.time_share(is_main=is_main),
+        ]
+        reading = self.step.read(flags=flags, numbers=numbers) if log else None
+        if reading is not None:
+            flags, numbers = reading.flags, reading.numbers
+        else:
+            flags, numbers = agree_on_host(flags, numbers)
+        seconds, *time_share = numbers
+        agreements.agreed(seconds, update=at.update)
+        if time_share:
+            self.step.scheduler.follow_time(time_share[0])
+        if reading is not None:
+            self.metrics.log_reading(reading, at=at, lr=self.step.scheduler.get_last_lr()[0])
+        return self.stopping.agreed(flags)
 
     def updates(self) -> Iterator[Update]:
         """The plan's updates, epoch after epoch, with a progress bar and the blend's counts per epoch."""
@@ -203,7 +239,7 @@ class Trainer:
         validating = self.validator.due(at, stopping=reason, by_signal=reason == STOPPED_BY_SIGNAL)
         names = self.checkpoints.due(at, stopping=reason is not None, validating=validating)
         if names:
-            self.checkpoints.save(self.checkpoint_state(validation_due=validating), names)
+            self.save(names, validation_due=validating)
         return validating and self.validate(at)
 
     def validate(self, at: Progress) -> bool:
@@ -211,7 +247,7 @@ class Trainer:
         outcome = self.validator()
         self.metrics.log(outcome.metrics, prefix="valid", update=at.update, epoch=at.epoch)
         if outcome.is_best:
-            self.checkpoints.save(self.checkpoint_state(validation_due=False), [BEST])
+            self.save([BEST], validation_due=False)
         return outcome.patience_exhausted
 
     def _bleu(self, bleu_validator: BleuValidator) -> float | dict[str, float]:
@@ -224,6 +260,12 @@ class Trainer:
         self.lock.close()
 
     # ----------------------------------------------------------------------------- checkpoints
+    def save(self, names: list[str], *, validation_due: bool) -> None:
+        """Checkpoints ``names``; a signal during start-up (a resume's validation) waits for them,
+        so that it never leaves half of a set of names or a rank behind in the save's barrier."""
+        with signals_deferred():
+            self.checkpoints.save(self.checkpoint_state(validation_due=validation_due), names)
+
     def checkpoint_state(self, *, validation_due: bool) -> dict[str, Any]:
         """The whole run's state. ``validation_due``: saved just before a validation, whose
         outcome (the meters) it does not hold yet: a resume from it validates first."""
