@@ -1,12 +1,14 @@
-"""Static batch shapes for ``torch.compile``: a bounded set, every batch collated into one of them.
+"""Batch shapes for ``torch.compile``: a known set, every batch collated into one of them.
 
-Variable-length batches would otherwise recompile mid-run (and past dynamo's recompile limit,
-silently fall back to eager). A padded batch is padded to one length L for both sides, L rounded up
-to ``length_multiple``, and to the number of rows the token budget allows at L (the padded cost of
-``rows`` samples of length L is ``rows * L``, the rule greedy batching cuts by); extra rows are empty
-samples of zero weight. A packed batch is padded on both sides to one token count: the larger side's
-total rounded up to a step of 1/16 of ``max_tokens`` (a multiple of ``length_multiple``), so at most
-16 shapes. The shapes are known before training, so every rank compiles all of them at start-up.
+A packed batch is padded on both sides to one token count: the larger side's total rounded up to
+``length_multiple``, and at least 2 (dynamo specialises a size of 1). The compiled layers take that
+count as dynamic (``nmt.train.compile``): one graph serves every count, and the warm-up runs the
+smallest and the largest. A padded batch is padded to one length L for both sides, L rounded up to
+``length_multiple``, and to the number of rows the token budget allows at L (the padded cost of
+``rows`` samples of length L is ``rows * L``, the rule greedy batching cuts by); extra rows are
+empty samples of zero weight. Padded shapes stay static, one graph each, all warmed up: the padded
+attention's key mask is cached per key count (``AttentionMask.sdpa_mask``), and a graph that reads
+that cache is specialised to its length.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from nmt.data.batching import padded_rows
 from nmt.data.collate import Sample, collate
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
 
-PACKED_BUCKETS = 16
 PACKED_DUMMY_LENGTH = 32  # warm-up samples of a packed shape: within any model's positions
 _DUMMY_TOKEN = 4  # the first ordinary piece id (after pad, bos, eos, unk)
 
@@ -38,10 +39,11 @@ def padded_shapes(
     return shapes
 
 
-def packed_token_buckets(*, max_tokens: int, length_multiple: int) -> list[int]:
-    """Every token count a packed batch is padded to (both sides): multiples of the bucket step."""
-    step = -(-max(1, -(-max_tokens // PACKED_BUCKETS)) // length_multiple) * length_multiple
-    return list(range(step, -(-max_tokens // step) * step + 1, step))
+def packed_token_counts(*, max_tokens: int, length_multiple: int) -> list[int]:
+    """Every token count a packed batch is padded to (both sides): the multiples of
+    ``length_multiple`` up to the budget's, from 2 (dynamo specialises a dimension of size 1)."""
+    largest = -(-max_tokens // length_multiple) * length_multiple
+    return list(range(max(2, length_multiple), largest + 1, length_multiple))
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,8 @@ class StaticShapes:
         packed: bool,
     ) -> StaticShapes:
         if packed:
-            buckets = packed_token_buckets(max_tokens=max_tokens, length_multiple=length_multiple)
-            return cls(tuple((1, tokens) for tokens in buckets), packed=True)
+            counts = packed_token_counts(max_tokens=max_tokens, length_multiple=length_multiple)
+            return cls(tuple((1, tokens) for tokens in counts), packed=True)
         shapes = padded_shapes(
             longest,
             max_tokens=max_tokens,
@@ -103,8 +105,9 @@ class StaticShapes:
         )
 
     def warmup_batches(self) -> list[dict[str, torch.Tensor]]:
-        """One batch per shape, of dummy samples; packed shapes are cut into short samples (their
-        positions stay within any model's)."""
+        """Batches of dummy samples: one per padded shape; packed, the smallest and the largest
+        (the dynamic graphs compiled on the first serve every count), cut into short samples
+        (their positions stay within any model's)."""
 
         def sample(size: int) -> Sample:
             tokens = np.full(size, _DUMMY_TOKEN, dtype=np.int64)
@@ -112,7 +115,8 @@ class StaticShapes:
             return tokens, tokens
 
         batches = []
-        for rows, length in self.shapes:
+        ends = sorted({self.shapes[0], self.shapes[-1]}, key=lambda shape: shape[1])
+        for rows, length in ends if self.packed else self.shapes:
             if self.packed:
                 short, remainder = divmod(length, PACKED_DUMMY_LENGTH)
                 samples = [sample(PACKED_DUMMY_LENGTH)] * short + (
