@@ -22,11 +22,13 @@ epoch, the batch's first sample, part), never from the rank.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,10 @@ from nmt.data.spm import BOS_ID, PAD_ID
 from nmt.data.subsets import open_subset
 
 logger = logging.getLogger(__name__)
+
+# Batches collated ahead of the update that trains on them (without --num-workers): a few hide a
+# slow one (a batch of many short samples) and hold a few MB.
+PREFETCH_BATCHES = 4
 
 
 @dataclass
@@ -393,7 +399,8 @@ class TrainingDataPlan:
     def _collated(
         self, epoch: EpochBatches, *, start: int
     ) -> Iterator[dict[str, torch.Tensor] | None]:
-        """This rank's batches from ``start`` on, collated ahead by --num-workers processes (or here).
+        """This rank's batches from ``start`` on, collated ahead by --num-workers processes (or by
+        a thread of this one: ``made_ahead``).
 
         With --max-tokens-per-microbatch the parts are collated in ``micro_batches`` instead (their
         number is agreed across ranks there, by a collective), so this yields None.
@@ -403,7 +410,7 @@ class TrainingDataPlan:
         remaining = [epoch.rank_batches[i] for i in range(start, len(epoch.rank_batches))]
         make = _BatchMaker(epoch.dataset, self)
         if self.cfg.num_workers == 0:
-            return map(make, remaining)
+            return made_ahead(make, remaining, ahead=PREFETCH_BATCHES)
         return iter(
             torch.utils.data.DataLoader(
                 _Batches(remaining, make),
@@ -528,6 +535,31 @@ class TrainingDataPlan:
     def close(self) -> None:
         if self.blend is not None:
             self.blend.close()
+
+
+def made_ahead(
+    make: Callable[[np.ndarray], dict[str, torch.Tensor]],
+    batches: Sequence[np.ndarray],
+    *,
+    ahead: int,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """``make(batch)`` of each batch in order, the next ``ahead`` made by a thread while the caller
+    trains on the current one: collation (numpy, and reads of the memory-mapped corpus) leaves the
+    update's critical path. ``make`` is a pure function of the batch, so the batches are exactly
+    those made here; pending ones are dropped when the caller stops early."""
+    executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collate")
+    pending: collections.deque[concurrent.futures.Future[dict[str, torch.Tensor]]] = (
+        collections.deque()
+    )
+    try:
+        for batch in batches:
+            pending.append(executor.submit(make, batch))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
 
 
 class _BatchMaker:

@@ -274,34 +274,30 @@ class Packing:
         Lengths in host memory are read as such; on a device, with one sync."""
         lengths = lengths.long()
         seqlens = lengths.numpy().tolist() if lengths.device.type == "cpu" else lengths.tolist()
-        if cu_seqlens is None:
-            cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).int()
         num_real = sum(seqlens)
         if num_real > num_tokens:
             raise ValueError(
                 f"packed batch has {num_tokens} tokens but its lengths sum to {num_real}"
             )
-        max_len = max(seqlens, default=0)
-        max_len = max(max_len, 1)  # a batch of empty samples keeps a width (finite, masked)
+        max_len = max(max(seqlens, default=0), 1)  # a batch of empty samples keeps a width
+        # Every index from the host lengths, in numpy: no device work to know them, and no torch
+        # operation on the host (each one costs its dispatch, on the update's critical path).
+        host = np.asarray(seqlens, dtype=np.int64)
+        within = _ranks_within(host)  # (num_real,) each token's position in its sample
         device = lengths.device
-        starts = cu_seqlens[:-1].long()  # (B,)
-        sample_of_token = torch.repeat_interleave(
-            torch.arange(lengths.shape[0], device=device), lengths, output_size=num_real
-        )  # (num_real,)
+        if cu_seqlens is None:
+            cu_seqlens = torch.from_numpy(np.cumsum(np.insert(host, 0, 0)).astype(np.int32))
         if positions is None:
-            real_positions = (
-                torch.arange(num_real, device=device) - starts[sample_of_token]
-            )  # (num_real,)
-            positions = F.pad(real_positions, (0, num_tokens - num_real))  # (N,)
-        scatter_index = sample_of_token * max_len + positions[:num_real]
-        # Slots len_b .. T-1 of each row b, from the host lengths (no device work to know them).
-        host_lengths = np.asarray(seqlens, dtype=np.int64)
-        pad_counts = max_len - host_lengths
-        first_slots = np.arange(host_lengths.shape[0], dtype=np.int64) * max_len + host_lengths
-        within = np.arange(int(pad_counts.sum())) - np.repeat(
-            np.cumsum(pad_counts) - pad_counts, pad_counts
+            positions = torch.from_numpy(np.pad(within, (0, num_tokens - num_real)))  # (N,)
+        row_starts = np.arange(host.shape[0], dtype=np.int64) * max_len
+        scatter_index = torch.from_numpy(np.repeat(row_starts, host) + within)
+        # Slots len_b .. T-1 of each row b.
+        pad_counts = max_len - host
+        padding_index = torch.from_numpy(
+            np.repeat(row_starts + host, pad_counts) + _ranks_within(pad_counts)
         )
-        padding_index = torch.from_numpy(np.repeat(first_slots, pad_counts) + within).to(device)
+        cu_seqlens, positions = cu_seqlens.to(device), positions.to(device)
+        scatter_index, padding_index = scatter_index.to(device), padding_index.to(device)
         return cls(
             lengths, cu_seqlens, positions, seqlens, num_real, max_len, scatter_index, padding_index
         )
@@ -353,6 +349,13 @@ class Packing:
         """(num_real, ...) -> (N, ...) with zero rows for the tail (no copy when there is none)."""
         num_tail = self.num_tokens - self.num_real
         return x if num_tail == 0 else torch.cat([x, x.new_zeros(num_tail, *x.shape[1:])])
+
+
+def _ranks_within(counts: np.ndarray) -> np.ndarray:
+    """(sum(counts),) int64: 0 .. count - 1 for each of the (B,) ``counts`` in turn."""
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
 
 
 def unpack(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -234,7 +234,7 @@ class UpdateStep:
         return linear_label_smoothed_cross_entropy(
             real_rows(hidden.reshape(-1, hidden.shape[-1]), index),
             self.model.output_projection.weight,
-            on_device["target"].reshape(-1).index_select(0, index),
+            real_rows(on_device["target"].reshape(-1), index),
             epsilon=self.cfg.label_smoothing,
             bias=self.model.output_projection.bias,
         )
@@ -272,24 +272,28 @@ class UpdateStep:
         softmax - target) skips the step on the device. The gradient is the same on every rank
         after DDP's all-reduce, so every rank skips the same updates."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.scaler.is_enabled():
-            self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradient, then step
-            grad_norm = self._clip(params)
+        fp16 = self.scaler.is_enabled()
+        if fp16:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradient, then step
+        grad_norm = (
+            self._clip(params) if fp16 else torch.nn.utils.get_total_norm([p.grad for p in params])
+        )
+        # 0-d, 1.0: skipped. x - x is nan only for an inf or a nan: 3 operations, isfinite's 6.
+        nonfinite = (grad_norm - grad_norm).isnan().float()
+        if fp16:
             self.scaler.step(self.optimizer)  # the fused optimizer takes the scaler's found_inf
             self.scaler.update()
         else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
             # The fused optimizer divides the gradient by grad_scale in its own pass: clipping
             # there spares a multiplication over every gradient. found_inf skips the step.
             if self.cfg.clip_norm > 0:
                 self.optimizer.grad_scale = (grad_norm / self.cfg.clip_norm).clamp(min=1.0).float()
-            self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
+            self.optimizer.found_inf = nonfinite
             self.optimizer.step()
             self.optimizer.__dict__.pop("grad_scale", None)
             del self.optimizer.found_inf
-        nonfinite = (~torch.isfinite(grad_norm)).to(torch.float32)  # 0-d, 1.0: skipped
         self.sums.grad_norm.copy_(grad_norm)
-        self.sums.count_update(nonfinite, counts_as_divergence=not self.scaler.is_enabled())
+        self.sums.count_update(nonfinite, counts_as_divergence=not fp16)
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip(self, params: list[torch.Tensor]) -> torch.Tensor:
@@ -381,8 +385,9 @@ class _RealRows(torch.autograd.Function):
 
 
 def real_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """(rows, D) -> (len(index), D): the real target positions (``index`` from collate, distinct and
-    increasing); no copy when every row is real (a packed batch without a static-shape tail)."""
+    """(rows, ...) -> (len(index), ...): the real target positions (``index`` from collate, distinct
+    and increasing); no operation when every row is real (a packed batch without a static-shape
+    tail)."""
     if index.shape[0] == x.shape[0]:  # then index is arange(rows)
         return x
     return _RealRows.apply(x, index)
