@@ -27,6 +27,7 @@ from nmt.eval.translate import (
     read_references,
 )
 from nmt.fileio import write_output
+from nmt.workers import stop_on_signals
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
@@ -59,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     log_to_stderr()
-    return run_main(
-        "nmt-eval",
-        lambda: _evaluate(config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)),
-        paths=command_paths(parser, args),
-    )
+
+    def run() -> int:
+        # SIGTERM unwinds like Ctrl+C: temporaries and half-made datasets are removed on the way out.
+        with stop_on_signals():
+            return _evaluate(
+                config_from_args(EvalIOConfig, args), config_from_args(EvalConfig, args)
+            )
+
+    return run_main("nmt-eval", run, paths=command_paths(parser, args))
 
 
 def checkpoint_paths(io: EvalIOConfig) -> list[str]:

@@ -6,6 +6,7 @@ import os
 import sys
 
 from nmt.config import FilterConfig
+from nmt.workers import stop_on_signals
 from nmt_cli.options import (
     ArgumentParser,
     add_config_arguments,
@@ -34,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     log_to_stderr()
-    return run_main(
-        "nmt-filter",
-        lambda: _filter(config_from_args(FilterConfig, args)),
-        paths=command_paths(parser, args),
-    )
+
+    def run() -> int:
+        # SIGTERM unwinds like Ctrl+C: temporaries and half-made datasets are removed on the way out.
+        with stop_on_signals():
+            return _filter(config_from_args(FilterConfig, args))
+
+    return run_main("nmt-filter", run, paths=command_paths(parser, args))
 
 
 def _filter(cfg: FilterConfig) -> int:
