@@ -124,12 +124,13 @@ def test_sigterm_to_torchrun_stops_both_ranks_after_the_same_update(tiny_data, t
         when=lambda text: "checkpoint_last.pt at update" in text,
         after_seconds=1.5,
     )
-    # torchrun forwards the signal to both ranks, then reports its own SignalException (exit 1)
-    assert text.count("stopping within seconds, after saving") == 2, text
+    # torchrun forwards the signal to both ranks (and SIGKILLs them 30 s later), then reports its
+    # own SignalException (exit 1)
     assert "done: stopped by signal" in text
     signalled_at = logged_at(text, "received signal 15")
     stopped = (logged_at(text, "done: stopped by signal") - signalled_at).total_seconds()
     assert stopped < STOP_SECONDS, text
+    assert text.count("received signal 15") == 2, text
     stopped_at = saved_update(save_dir)
     assert stopped_at > 3
     assert re.search(rf"saved checkpoint_last.pt at update {stopped_at} ", text)
@@ -149,7 +150,7 @@ def test_sigterm_during_the_compile_warm_up_ends_the_start_up_at_once(tiny_data,
     )
     assert "compiled" not in text  # the warm-up had not finished
     assert text.count("nmt-train: terminated (SIGTERM)") == nproc, text
-    if nproc == 1:
+    assert seconds < STOP_SECONDS, text
+    if nproc == 1:  # torchrun exits 1 after a signal, whatever its ranks do
         assert returncode == 128 + signal.SIGTERM
-        assert seconds < STOP_SECONDS, text
     assert_nothing_saved(save_dir)
