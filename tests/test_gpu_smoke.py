@@ -108,7 +108,7 @@ def test_every_step_runs_on_the_cpu(tmp_path: Path) -> None:
     throughput = rows["throughput"]["figures"]
     assert set(throughput) == {"packed 256", "packed 512", "padded 256", "padded 512"}
     assert all(f["process_tok_s"] > 0 and f["step_tok_s"] > 0 for f in throughput.values())
-    assert rows["compile"]["figures"]["compiled"]["shapes"] == 1
+    assert rows["compile"]["figures"]["compiled"]["shapes"] >= 1
     assert 0 <= rows["recipe"]["figures"]["bleu"] <= 100
     assert report["seconds"] <= report["limit_s"]
     for row in rows.values():
