@@ -9,8 +9,13 @@ import sys
 import time
 
 import pytest
+import torch
+
+from nmt.config import PreprocessConfig
+from nmt.data.preprocess import preprocess
 
 from ..train.conftest import process_group
+from .conftest import random_pairs
 
 STOP_SECONDS = 10
 
@@ -43,3 +48,47 @@ def test_sigterm_mid_translation_leaves_the_old_output_and_no_temporary(tiny, tm
     assert seconds < STOP_SECONDS
     assert output.read_text(encoding="utf-8") == "the previous translation\n"
     assert sorted(os.listdir(tmp_path)) == ["out.de", "source.en"]  # no temporary behind
+
+
+@pytest.mark.slow
+def test_sigterm_mid_scoring_leaves_no_dataset_scores_or_temporary(tiny, tmp_path):
+    """nmt-filter writes the kept dataset and the scores after scoring: stopped in it, neither
+    they nor their work directory or temporary exist."""
+    src, tgt = random_pairs(30000, seed=5)
+    for lang, lines in (("en", src), ("de", tgt)):
+        (tmp_path / f"noisy.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spm_model = os.path.join(tiny.data_dir, "spm.model")
+    config = PreprocessConfig(
+        source_lang="en",
+        target_lang="de",
+        trainpref=[str(tmp_path / "noisy")],
+        destdir=str(tmp_path / "data"),
+        spm_model=spm_model,
+        workers=1,
+    )
+    preprocess(config)
+    state = torch.load(tiny.checkpoint, weights_only=False)
+    state["vocab"]["source_lang"], state["vocab"]["target_lang"] = "de", "en"
+    reverse = tmp_path / "reverse.pt"  # the tiny model read backwards: a de->en model to score with
+    torch.save(state, reverse)
+    before = sorted(os.listdir(tmp_path))
+    argv = [sys.executable, "-m", "nmt_cli.filter", str(tmp_path / "data"), "--device", "cpu"]
+    argv += ["--forward", tiny.checkpoint, "--reverse", str(reverse), "--keep-fraction", "0.5"]
+    argv += ["--destdir", str(tmp_path / "kept"), "--scores", str(tmp_path / "scores.txt")]
+    log = tmp_path.parent / f"{tmp_path.name}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as stderr, process_group(argv, env=env, stderr=stderr) as process:
+        deadline = time.monotonic() + 120
+        while "score (forward)" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        signalled_at = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        seconds = time.monotonic() - signalled_at
+    text = log.read_text()
+    assert process.returncode == 128 + signal.SIGTERM, text
+    assert "nmt-filter: terminated (SIGTERM)" in text
+    assert seconds < STOP_SECONDS
+    assert sorted(os.listdir(tmp_path)) == before
