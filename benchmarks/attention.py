@@ -12,7 +12,8 @@ transformer_tiny (8k vocabularies) on Multi30k-like synthetic batches of ``--max
 A step = forward, output projection of the real target positions, summed cross-entropy, backward.
 Figures are target tokens per second; layouts alternate batch by batch and each batch's best step
 is used, the median beside it (on a shared machine the best is the least disturbed). On CUDA (bf16 autocast)
-the same layouts are timed with every backend that runs there.
+the same layouts are timed with every backend that runs there, after the line saying what
+``--attention auto`` picks there and why.
 
     .venv/bin/python benchmarks/attention.py            # ~1-2 minutes on 2 idle CPU cores
 """
@@ -20,6 +21,7 @@ the same layouts are timed with every backend that runs there.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 
 from nmt.config import model_config
 from nmt.model import Packing, TransformerModel, build_model
-from nmt.model.attention import AttentionMask, attention
+from nmt.model.attention import AttentionMask, attention, resolve_backend
 
 PAD, BOS, NUM_SPECIALS = 0, 1, 4
 
@@ -278,6 +280,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    # nmt's one line per backend choice, --attention auto's with its reason, among the rows.
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")
 
     rng = np.random.default_rng(args.seed)
     src, tgt = multi30k_like_lengths(29_000, rng=rng)
@@ -312,6 +316,7 @@ def main() -> None:
         print(
             f"\n{device.type}: transformer_tiny, one training step (fp32{' -> bf16 autocast' if on_cuda else ''})"
         )
+        resolve_backend("auto", device_type=device.type)
         for backend in ("sdpa", "xformers", "varlen") if on_cuda else ("sdpa",):
             try:
                 run_layouts(
