@@ -318,6 +318,23 @@ def test_a_mismatched_xformers_falls_back_in_one_line(
     assert str(error.value).endswith("with xformers==0.0.35); use --attention auto")
 
 
+def test_explicit_varlen_on_a_torch_without_its_window_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.10's varlen_attn takes is_causal, not window_size: --attention varlen says so."""
+    torch_2_10 = Installed(
+        "2.10.0+cu128", "this torch's varlen_attn has no window_size", None, None
+    )
+    monkeypatch.setattr(attention_module, "installed_kernels", lambda: torch_2_10)
+    monkeypatch.setattr(attention_module, "_RESOLVED", {})
+    with pytest.raises(ValueError) as error:
+        resolve_backend("varlen", device_type="cuda")
+    assert str(error.value) == (
+        "--attention varlen cannot run: this torch's varlen_attn has no window_size "
+        "(torch >= 2.11 has it); use --attention auto"
+    )
+
+
 def test_installed_kernels_without_xformers_or_its_build_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
