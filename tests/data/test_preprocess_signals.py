@@ -386,8 +386,8 @@ STOPS = {
 
 def _stop(command, *, running, num_children, stop):
     """Start ``command``, send it ``stop`` once stderr matches ``running`` and it has
-    ``num_children`` child processes: (exit status, seconds from the signal to the exit, stderr,
-    {child PID: start time} as they were at the signal)."""
+    ``num_children`` processes below it: (exit status, seconds from the signal to the exit,
+    stderr, {PID: start time} of those processes)."""
     run = subprocess.Popen(
         command,
         stdout=subprocess.DEVNULL,
@@ -398,7 +398,7 @@ def _stop(command, *, running, num_children, stop):
         stderr = _Stderr(run.stderr)
         stderr.wait_for(running)
         deadline = time.monotonic() + 30
-        while len(workers := children(run.pid)) != num_children and time.monotonic() < deadline:
+        while len(workers := descendants(run.pid)) != num_children and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(workers) == num_children, (workers, stderr.text)
         signum = getattr(signal, stop)
@@ -471,3 +471,46 @@ def test_a_multilingual_run_stopped_in_sentencepiece_training(corpora, tmp_path,
     _check_stopped(tmp_path, stop, returncode, took, text)
     assert wait_until_gone(trainer, WORKERS_GONE_SECONDS) == []
     assert "trained joint SentencePiece" not in text
+
+
+def descendants(pid):
+    """{PID: start time} of every process below ``pid``."""
+    found = {}
+    for child, started in children(pid).items():
+        found[child] = started
+        found.update(descendants(child))
+    return found
+
+
+@pytest.mark.slow
+def test_sharded_under_torchrun_every_process_ends_with_the_run(corpora, tmp_path):
+    """SIGTERM to torchrun while rank 0 trains SentencePiece (rank 1 waits for the vocabulary):
+    both ranks stop in one line each, their workers and the trainer with them; no part is left,
+    and a shard runs again into the same directory."""
+    destdir = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        *_command(corpora / "slow_spm", destdir, vocab=4000)[2:],
+    ]
+    # 2 ranks, each with 2 encoding workers, and rank 0's SentencePiece trainer
+    returncode, took, text, processes = _stop(
+        command, running=r"sample for SentencePiece[^\n]*\n", num_children=7, stop="SIGTERM"
+    )
+    assert returncode != 0 and took < STOP_SECONDS, (returncode, took, text)
+    assert wait_until_gone(processes, WORKERS_GONE_SECONDS) == []
+    assert text.count("nmt-preprocess: terminated (SIGTERM)\n") == 2, text
+    assert not [name for _, _, names in os.walk(tmp_path) for name in names if "manifest" in name]
+
+    rerun = subprocess.run(
+        [*_command(corpora / "tiny", destdir, vocab=60), "--num-shards", "2", "--shard-id", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert (destdir / "part-00000-of-00002" / "manifest.json").exists()
