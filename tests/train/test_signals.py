@@ -154,3 +154,23 @@ def test_sigterm_during_the_compile_warm_up_ends_the_start_up_at_once(tiny_data,
     if nproc == 1:  # torchrun exits 1 after a signal, whatever its ranks do
         assert returncode == 128 + signal.SIGTERM
     assert_nothing_saved(save_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_first_blend_is_built_ends_the_start_up_at_once(
+    two_corpus_data, tmp_path
+):
+    save_dir = tmp_path / "ck"
+    blend = ["--train-subsets", "train,train1", "--epoch-samples", "20000000"]  # ~4 s to build
+    returncode, seconds, text = signalled(
+        command(two_corpus_data, save_dir, *blend),
+        tmp_path / "log",
+        when=lambda text: "training pairs in" in text,
+        after_seconds=1.0,
+    )
+    assert "blend |" not in text  # the epoch's blend was not ready: no counts logged
+    assert returncode == 128 + signal.SIGTERM, text
+    assert "nmt-train: terminated (SIGTERM)" in text
+    assert seconds < STOP_SECONDS, text
+    assert_nothing_saved(save_dir)
+    assert not list((save_dir / "blend-cache").glob("*.tmp-*"))
