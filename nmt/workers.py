@@ -4,6 +4,8 @@ A forked worker blocks on its pool's pipe, whose write end it inherited: when th
 would wait forever. ``die_with_parent`` (the pool's initializer) asks the kernel to kill it then
 (Linux's parent-death signal), or watches its parent where that is unavailable. Workers ignore
 SIGINT: Ctrl+C reaches the whole process group, and the parent alone decides how to stop.
+``run_in_child`` runs one long call into C (SentencePiece training) in such a child, so that the
+parent, waiting on a pipe, acts on a signal at once.
 
 ``stop_on_signals`` turns SIGTERM into ``Terminated`` (a ``KeyboardInterrupt``, as Ctrl+C is): the
 same ``finally`` blocks run, which close the pool and remove half-written output, and no
@@ -142,11 +144,10 @@ def signals_deferred() -> Iterator[None]:
 
 def run_in_child(function: Callable[[], _T], *, what: str) -> _T:
     """``function()`` in a forked child process that dies with this one; its result or exception
-    comes back pickled. For a long call into C that never looks at signals (SentencePiece
-    training): this process waits on a pipe, so a signal is acted on at once and the child is
-    killed, and no thread is left running C code while the interpreter shuts down (in C++ code
-    that calls back into Python, that ends in ``std::terminate``). A crash in C ends the child
-    only: ChildProcessError (an OSError) naming ``what``."""
+    comes back pickled. Interrupted, this process kills the child. Not a thread: one left in C++
+    code that calls back into Python while the interpreter shuts down ends in ``std::terminate``
+    (seen with SentencePiece). A crash in C ends the child only: ChildProcessError (an OSError)
+    naming ``what``."""
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(
