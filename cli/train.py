@@ -46,7 +46,13 @@ SECTIONS = (
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
-        prog="nmt-train", description="Train a transformer on a dataset made by nmt-preprocess."
+        prog="nmt-train",
+        description="Train a transformer on a dataset made by nmt-preprocess.",
+        epilog=(
+            "SIGTERM or SIGINT (torchrun forwards them to every rank): in training, the ranks stop "
+            "within seconds after the same update, save checkpoint_last.pt and exit 0; before the "
+            "first update, the run ends at once with nothing saved, exit 143 (SIGTERM) or 130 (SIGINT)."
+        ),
     )
     for title, cls, prefix in SECTIONS:
         add_config_arguments(parser.add_argument_group(title), cls, dest_prefix=prefix + ".")
