@@ -1124,6 +1124,12 @@ class EvalIOConfig:
         "raw text to translate, one sentence a line ('-': stdin; the default without DATA_DIR)",
         path="read",
     )
+    constraints: str | None = opt(
+        None,
+        "lexically constrained beam search (fairseq-interactive's option): each --input line is the "
+        "source then its constraints, tab-separated; every output contains them (ordered: in that order)",
+        choices=("ordered", "unordered"),
+    )
     reference: str | None = opt(
         None,
         "raw reference text to score against (overrides the split's own); as many lines as the source",
