@@ -17,10 +17,11 @@ after each step, so a smoke cut short still leaves its rows. Steps (default budg
   padded; the slow one, compiled training without recompiles, is the compile step's check);
 - ddp (40): the losses of 2 ranks x --update-freq 1 against 1 rank x --update-freq 2, 8 updates
   (on one GPU both ranks share it through gloo: NCCL refuses two ranks on one device);
-- throughput (100): target tokens/s of examples/multi30k-gpu's model, packed and padded, at its
-  --max-tokens and half of it: the whole process (nmt-train's logged tokens/s, after its first
-  record) beside the step alone (``benchmarks/attention.py``'s forward+backward on Multi30k-like
-  batches of the same budget), and their ratio: what the host, data and optimizer cost;
+- throughput (100): target tokens/s of examples/multi30k-gpu's model and epochs, packed and
+  padded, at its --max-tokens and half of it: the whole process (nmt-train's logged tokens/s,
+  after its first record) beside the step alone (``benchmarks/attention.py``'s forward+backward
+  on Multi30k-like batches of the same budget), and their ratio: what the host, data and
+  optimizer cost;
 - compile (100): nmt-train --compile with its default model at bf16: the start-up (every shape
   compiled) and compiled/eager tokens/s, one process each, the same flags otherwise (a recompile
   after the warm-up is an error in nmt-train, so a pass means none);
@@ -442,7 +443,8 @@ def throughput_settings(settings: Settings) -> tuple[list[str], list[int], int, 
     """Model flags, --max-tokens values, updates and log interval of the throughput step."""
     if settings.dry_run:
         return TINY_MODEL, [256, 512], 6, 2
-    return [*RECIPE.MODEL_FLAGS, "--bf16"], [RECIPE.MAX_TOKENS // 2, RECIPE.MAX_TOKENS], 60, 20
+    flags = [*RECIPE.MODEL_FLAGS, *RECIPE.EPOCH_FLAGS, "--bf16"]
+    return flags, [RECIPE.MAX_TOKENS // 2, RECIPE.MAX_TOKENS], 60, 20
 
 
 def step_throughput(settings: Settings) -> Outcome:

@@ -1329,6 +1329,79 @@ class EvalIOConfig:
 
 
 @dataclass
+class ServeIOConfig:
+    """What nmt-serve serves and where it listens (its limits: ``ServeConfig``; its search: ``EvalConfig``)."""
+
+    path: str = opt(help="checkpoint file, or a directory written by nmt-export", path="read")
+    host: str = opt("127.0.0.1")
+    port: int = opt(5000, "0: any free port (the one taken is printed)")
+    device: str = opt("cpu", "cpu, cuda, cuda:1 ...")
+    threads: int = opt(0, "compute threads (0: one per core, or OMP_NUM_THREADS when set)")
+    zero_shot: bool = opt(
+        False,
+        "a multilingual model: also serve the directions it was not trained on (between its languages)",
+    )
+    access_log: bool = opt(False, "also log every request (one line per batch is always logged)")
+
+    def __post_init__(self) -> None:
+        _require(
+            self.threads >= 0, "threads", f"must be >= 0 (0: one per core), got {self.threads}"
+        )
+        _require(
+            0 <= self.port <= 65535,
+            "port",
+            f"must be in [0, 65535] (0: any free port), got {self.port}",
+        )
+
+
+@dataclass
+class ServeConfig:
+    """Limits and batching of the service (``nmt-serve`` makes its options from these fields)."""
+
+    max_body_bytes: int = opt(
+        1 << 20, "a request body over this many bytes is refused (413) before it is parsed"
+    )
+    max_request_sentences: int = opt(128, "sentences per request (the lines of all its texts)")
+    max_batch_tokens: int = opt(
+        4096, "source tokens (EOS included) gathered into one decode; a bigger request goes alone"
+    )
+    max_wait_ms: float = opt(
+        5.0, "how long the oldest queued request waits for others to share its decode"
+    )
+    max_connections: int = opt(
+        256, "open connections at most; a further one is answered 503 and closed"
+    )
+    header_timeout: float = opt(
+        10.0,
+        "seconds a connection has to send a whole request head, from its opening or its last "
+        "response; then it is closed",
+    )
+    body_timeout: float = opt(
+        30.0, "seconds a request has to send its whole body once its head is in (else 408)"
+    )
+    keep_alive_timeout: float = opt(
+        5.0, "an idle connection is closed this many seconds after its last response"
+    )
+    shutdown_timeout: float = opt(
+        20.0,
+        "on SIGTERM, seconds the requests in flight have to finish before they are cancelled "
+        "and the server exits",
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_body_bytes",
+            "max_request_sentences",
+            "max_batch_tokens",
+            "max_connections",
+        ):
+            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        _require(self.max_wait_ms >= 0, "max_wait_ms", f"must be >= 0, got {self.max_wait_ms}")
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "shutdown_timeout"):
+            _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
 class FilterConfig:
     """nmt-filter: pairs scored by dual conditional cross-entropy, the best kept (Junczys-Dowmunt 2018)."""
 

@@ -45,62 +45,12 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import opt, option_name
+from nmt.config import ServeConfig
 from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.languages import BILINGUAL, Direction, Languages, language_name
 from nmt.eval.translate import Translator
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ServeConfig:
-    """Limits and batching of the service (``nmt-serve`` makes its options from these fields)."""
-
-    max_body_bytes: int = opt(
-        1 << 20, "a request body over this many bytes is refused (413) before it is parsed"
-    )
-    max_request_sentences: int = opt(128, "sentences per request (the lines of all its texts)")
-    max_batch_tokens: int = opt(
-        4096, "source tokens (EOS included) gathered into one decode; a bigger request goes alone"
-    )
-    max_wait_ms: float = opt(
-        5.0, "how long the oldest queued request waits for others to share its decode"
-    )
-    max_connections: int = opt(
-        256, "open connections at most; a further one is answered 503 and closed"
-    )
-    header_timeout: float = opt(
-        10.0,
-        "seconds a connection has to send a whole request head, from its opening or its last "
-        "response; then it is closed",
-    )
-    body_timeout: float = opt(
-        30.0, "seconds a request has to send its whole body once its head is in (else 408)"
-    )
-    keep_alive_timeout: float = opt(
-        5.0, "an idle connection is closed this many seconds after its last response"
-    )
-    shutdown_timeout: float = opt(
-        20.0,
-        "on SIGTERM, seconds the requests in flight have to finish before they are cancelled "
-        "and the server exits",
-    )
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_body_bytes",
-            "max_request_sentences",
-            "max_batch_tokens",
-            "max_connections",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{option_name(name)}: must be >= 1, got {getattr(self, name)}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"--max-wait-ms: must be >= 0, got {self.max_wait_ms}")
-        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "shutdown_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{option_name(name)}: must be > 0, got {getattr(self, name)}")
 
 
 class RequestError(Exception):
