@@ -13,7 +13,8 @@ through nmt's real ``Trainer`` (its data plan and ``UpdateStep``):
 - the whole update as ``nmt-train`` runs it (the next update from the data plan, the update step;
   --rounds blocks of --updates updates, each ending with a device read as a log point does)
   against the step alone (forward, loss and backward of the same micro-batches, already collated,
-  right after each block), and their ratio.
+  right after each block), and their ratio;
+- the time to collate one micro-batch, whichever thread does it.
 
 Phases: ``collate`` (the data plan's next update: micro-batches, collation), ``transfer+masks``
 (host-to-device copies, packed masks), ``forward`` (the model and the fused loss), ``backward``,
@@ -168,6 +169,16 @@ def step_alone(trainer: Any, updates: list[Any]) -> float:
     return time.perf_counter() - started
 
 
+def collation_seconds(trainer: Any, updates: list[Any]) -> float:
+    """Seconds to collate one of the updates' micro-batches, in line (whichever thread does it in
+    a run: off the critical path when it is made ahead)."""
+    micro = [m for update in updates for m in update.micro_batches]
+    started = time.perf_counter()
+    for m in micro:
+        trainer.plan.micro_batches(m.indices)
+    return (time.perf_counter() - started) / len(micro)
+
+
 def measure(args: argparse.Namespace, arch: str, layout: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as save_dir:
         trainer = make_trainer(save_dir, args, arch, layout)
@@ -197,6 +208,7 @@ def measure(args: argparse.Namespace, arch: str, layout: str) -> dict[str, Any]:
                     whole += time.perf_counter() - started
                 alone += step_alone(trainer, block)
                 done += block
+            collation = collation_seconds(trainer, done)
         finally:
             trainer.close()
     return {
@@ -206,6 +218,7 @@ def measure(args: argparse.Namespace, arch: str, layout: str) -> dict[str, Any]:
         "alone": alone,
         "tokens": sum(update.num_tokens for update in done),
         "updates": len(done),
+        "collation": collation,
     }
 
 
@@ -226,6 +239,7 @@ def report(name: str, result: dict[str, Any]) -> None:
         f"step alone {1000 * alone / updates:.1f} ms ({tokens / alone:,.0f} tgt tok/s) | "
         f"whole/alone {whole / alone:.3f}"
     )
+    print(f"  collating one micro-batch (any thread) {1000 * result['collation']:.2f} ms")
 
 
 def main() -> None:
