@@ -83,7 +83,7 @@ def test_compiled_training_has_zero_recompiles_after_warm_up(tiny_data, tmp_path
         tmp_path / "ck",
         "--compile",
         "--length-multiple",
-        "4",
+        "8",
         "--max-update",
         "12",
         "--log-format",
