@@ -58,6 +58,15 @@ def children(pid):
     return found
 
 
+def descendants(pid):
+    """{PID: start time} of every process below ``pid``."""
+    found = {}
+    for child, started in children(pid).items():
+        found[child] = started
+        found.update(descendants(child))
+    return found
+
+
 def still_running(processes):
     """Those of ``processes`` ({PID: start time}) that run yet (a zombie or a new process under
     a reused PID does not)."""
@@ -471,15 +480,6 @@ def test_a_multilingual_run_stopped_in_sentencepiece_training(corpora, tmp_path,
     _check_stopped(tmp_path, stop, returncode, took, text)
     assert wait_until_gone(trainer, WORKERS_GONE_SECONDS) == []
     assert "trained joint SentencePiece" not in text
-
-
-def descendants(pid):
-    """{PID: start time} of every process below ``pid``."""
-    found = {}
-    for child, started in children(pid).items():
-        found[child] = started
-        found.update(descendants(child))
-    return found
 
 
 @pytest.mark.slow
