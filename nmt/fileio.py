@@ -316,13 +316,38 @@ def install_directory(workdir: str, destination: Destination) -> None:
 
     mark_directory(workdir, destination.made_by)
     check_destination(destination)
-    previous = None
-    if os.path.isdir(destination.path):
-        previous = workdir + ".old"
-        os.rename(destination.path, previous)
+    if not os.path.isdir(destination.path):
+        os.rename(workdir, destination.path)
+        return
+    if _exchange(workdir, destination.path):  # workdir now holds the old directory
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    # Without an atomic exchange a kill between the two renames leaves the old directory aside
+    # under a name the next run's clean-up of killed work directories would remove.
+    previous = workdir + ".old"
+    os.rename(destination.path, previous)
     os.rename(workdir, destination.path)
-    if previous:
-        shutil.rmtree(previous, ignore_errors=True)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``): a kill at any moment
+    leaves either both as they were or both swapped. False where the kernel, the C library or
+    the file system cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, rename_exchange = -100, 2
+    result = renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), rename_exchange)
+    if result == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise describe_os_error(OSError(error, os.strerror(error)), second)
 
 
 def lock_path_beside(directory: str) -> str:

@@ -43,6 +43,16 @@ FORBIDDEN = {
         "nmt.deploy",
         "torch",
     ),
+    "nmt/workers.py": (
+        "nmt.config",
+        "nmt.dist",
+        "nmt.data",
+        "nmt.model",
+        "nmt.train",
+        "nmt.eval",
+        "nmt.deploy",
+        "torch",
+    ),
     "nmt/fileio.py": (
         "nmt.config",
         "nmt.dist",

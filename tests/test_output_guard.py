@@ -288,3 +288,29 @@ def test_streams_are_written_to_not_guarded(world):
             PathOption("--output", "-", "file"),
         ]
     )
+
+
+def test_a_replaced_directory_is_swapped_in_one_step(tmp_path, monkeypatch):
+    """--overwrite/--force: the old directory and the new one trade places atomically, so a kill
+    at any moment leaves one of them at the destination (two renames left a moment with none,
+    and the old one under a name the next run's clean-up deletes)."""
+    from nmt.fileio import install_directory, mark_directory
+
+    old = tmp_path / "out"
+    old.mkdir()
+    (old / "old.txt").write_text("old")
+    mark_directory(str(old), "nmt-export")
+    new = tmp_path / ".out.tmp-1"
+    new.mkdir()
+    (new / "new.txt").write_text("new")
+
+    def no_rename(*args):
+        raise AssertionError(f"a rename left the destination empty for a moment: {args}")
+
+    monkeypatch.setattr(os, "rename", no_rename)
+    destination = Destination(
+        str(old), option="--output-dir", replace_flag="--force", made_by="nmt-export", replace=True
+    )
+    install_directory(str(new), destination)
+    assert sorted(os.listdir(old)) == [".nmt-made-by", "new.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
