@@ -258,31 +258,25 @@ def test_the_commands_exit_status_names_the_signal(
     assert capsys.readouterr().err == line
 
 
-def test_sigterm_between_the_installs_two_renames_loses_no_dataset(tmp_path, monkeypatch, capsys):
-    """--overwrite moves the old dataset aside, then the new one in: a signal between the two
-    waits for the second (stopped there, the old dataset would be swept by the next run)."""
-    import nmt.data.preprocess
+def test_sigterm_during_the_install_loses_no_dataset(tmp_path, monkeypatch, capsys):
+    """--overwrite swaps the new dataset in for the old one: a signal in the middle waits for the
+    install to end (stopped there, the old dataset would be swept by the next run)."""
+    import nmt.fileio
     from nmt.data.manifest import load_manifest
 
     write_corpus(tmp_path, "train", *random_pairs(300, seed=0))
     write_corpus(tmp_path, "valid", *random_pairs(20, seed=1))
     argv = _command(tmp_path, tmp_path / "out", vocab=60)[3:]
     assert preprocess_main(argv) == 0
-    real_install, real_rename = nmt.data.preprocess.install_directory, os.rename
+    real_exchange = nmt.fileio._exchange
 
-    def rename_then_signal(source, destination):
-        real_rename(source, destination)
+    def exchange_then_signal(first, second):
+        swapped = real_exchange(first, second)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)  # where the handler runs
+        return swapped
 
-    def install(workdir, target):
-        monkeypatch.setattr(os, "rename", rename_then_signal)
-        try:
-            real_install(workdir, target)
-        finally:
-            monkeypatch.setattr(os, "rename", real_rename)
-
-    monkeypatch.setattr(nmt.data.preprocess, "install_directory", install)
+    monkeypatch.setattr(nmt.fileio, "_exchange", exchange_then_signal)
     capsys.readouterr()
     assert preprocess_main([*argv, "--overwrite", "--spm-vocab-size", "50"]) == 143
     assert capsys.readouterr().err.endswith("nmt-preprocess: terminated (SIGTERM)\n")
