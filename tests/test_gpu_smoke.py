@@ -139,3 +139,40 @@ def test_the_recipe_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
             .startswith(f"examples/multi30k-gpu/run.py: error: {message}")
         )
         assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_sigterm_to_the_recipe_stops_its_nmt_train(tmp_path: Path) -> None:
+    """`timeout` or a job scheduler signals the recipe's process alone: nmt-train goes too."""
+    result, report = smoke(tmp_path, "--steps", "data")
+    assert result.returncode == 0, result.stdout + result.stderr
+    recipe = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "multi30k-gpu" / "run.py")]
+        + ["--data", str(tmp_path / "work" / "data"), "--out", str(tmp_path / "out")]
+        + ["--device", "cpu", "--minutes", "10", "--", "--encoder-layers", "1"]
+        + ["--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert recipe.stdout is not None
+    for line in recipe.stdout:  # nmt-train has started once it logs its rank line
+        if "rank 0/1 on cpu" in line:
+            break
+    (train,) = children(recipe.pid)
+    recipe.terminate()
+    recipe.stdout.read()
+    assert recipe.wait(timeout=120) == 143
+    assert not alive(train)

@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,11 +83,16 @@ def tee(command: list[str]) -> tuple[int, str]:
     )
     assert process.stdout is not None
     lines = []
-    for line in process.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        lines.append(line)
-    return process.wait(), "".join(lines)
+    try:
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+        return process.wait(), "".join(lines)
+    finally:
+        if process.poll() is None:  # we were stopped (SIGTERM, Ctrl+C): so is the command
+            process.terminate()
+            process.wait()
 
 
 def run(command: list[str], *, name: str) -> str:
@@ -118,6 +124,8 @@ def numbered_checkpoints(save_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like Ctrl+C, so that nmt-train is stopped too (it saves, then exits).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.average_last < 1:
