@@ -16,6 +16,7 @@ import numpy as np
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.text import count_lines, open_binary
+from nmt.eval.constraints import split_line
 from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.output import FairseqLines, base2, plain_lines
@@ -108,6 +109,7 @@ def load_translator(io: EvalIOConfig, cfg: EvalConfig, paths: list[str]) -> Tran
 class Chunk:
     start: int  # index of the first sentence in the whole input
     sources: list[np.ndarray]  # token ids, EOS included
+    constraints: list[list[list[int]]] | None = None  # --constraints: per source, target pieces
 
 
 @dataclass
@@ -182,7 +184,17 @@ def _open_job(
                     raise ValueError(
                         f"{io.reference}: the reference has {len(references)} lines but {name} has more"
                     )
-                yield Chunk(start, translator.encode(lines, direction=direction))
+                if io.constraints is None:
+                    yield Chunk(start, translator.encode(lines, direction=direction))
+                else:
+                    sources, phrases = zip(*map(split_line, lines))
+                    yield Chunk(
+                        start,
+                        translator.encode(sources, direction=direction),
+                        translator.encode_constraints(
+                            phrases, where=lambda index, first=start + 1: f"{name}:{first + index}"
+                        ),
+                    )
                 start += len(lines)
 
     return Job(
@@ -226,7 +238,13 @@ def _decode(
             )
         ]
     results = translator.detokenize(
-        translator.generate(chunk.sources, progress=progress, first_tokens=first_tokens)
+        translator.generate(
+            chunk.sources,
+            progress=progress,
+            first_tokens=first_tokens,
+            constraints=chunk.constraints,
+            ordered_constraints=io.constraints == "ordered",
+        )
     )
     if io.format == "fairseq":
         translator.add_token_scores(
@@ -308,12 +326,21 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
 
 
 def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
+    if io.constraints is not None and io.data_dir is not None:
+        raise ValueError(
+            "--constraints: they follow each source line after a tab, so give --input text (or "
+            "stdin), not DATA_DIR"
+        )
     if io.output_dataset is not None:
         return _generate_dataset(io, cfg)
     paths = checkpoint_paths(io)
     translator = load_translator(io, cfg, paths)
     if io.format == "fairseq" or io.score_reference:
         translator.require_forced_decoding()  # before any decoding, not after the whole input
+    if io.constraints is not None:
+        if io.score_reference:
+            raise ValueError("--constraints: nothing is searched with --score-reference")
+        translator.check_constraints()
     if (
         io.data_dir is not None
         and io.source_lang is None

@@ -28,6 +28,13 @@ import torch
 
 from nmt.config import EvalConfig
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
+from nmt.eval.constraints import (
+    BEFORE_START,
+    NO_TOKEN,
+    BatchConstraints,
+    Progress,
+    dynamic_beam_order,
+)
 from nmt.eval.ensemble import Ensemble, EnsembleState
 from nmt.eval.hypothesis import Hypothesis, max_target_lengths
 from nmt.model import TransformerModel
@@ -43,6 +50,8 @@ def generate(
     generator: torch.Generator | None = None,
     banned: Sequence[int] = (),
     first_tokens: torch.Tensor | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    ordered_constraints: bool = False,
 ) -> list[list[Hypothesis]]:
     """Padded source (B, S) with lengths (B,) (EOS included) -> per sentence, ``cfg.nbest`` hypotheses.
 
@@ -54,6 +63,10 @@ def generate(
     ``cfg.beam == 1`` takes the greedy path; ``cfg.sampling`` draws ``cfg.beam`` samples per
     sentence (with ``generator`` for reproducibility) and keeps the ``cfg.nbest`` best-scoring.
     An ``Ensemble`` of several models decodes with the mean of their probabilities at every step.
+
+    ``constraints``: per sentence, phrases (piece ids) every hypothesis must contain
+    (``nmt.eval.constraints``; beam search, any ``cfg.beam``; ``ordered_constraints``: in order);
+    a hypothesis that could not meet them within its length limit ranks after those that did.
     """
     ensemble = model if isinstance(model, Ensemble) else Ensemble([model])
     forced = 0 if first_tokens is None else 1
@@ -64,7 +77,21 @@ def generate(
         max_len, cfg = max_len + 1, dataclasses.replace(cfg, min_len=cfg.min_len + 1)
     state = ensemble.start(src_tokens, src_lengths)
     never = torch.tensor([PAD_ID, BOS_ID, *banned], dtype=torch.long, device=src_tokens.device)
-    if cfg.sampling or cfg.beam == 1:
+    if constraints is not None:
+        assert not cfg.sampling, "constraints are refused with sampling where they are given"
+        found = _beam_search(
+            ensemble,
+            state,
+            max_len,
+            cfg,
+            device=src_tokens.device,
+            never=never,
+            first_tokens=first_tokens,
+            constraints=BatchConstraints(
+                constraints, ordered=ordered_constraints, device=src_tokens.device
+            ),
+        )
+    elif cfg.sampling or cfg.beam == 1:
         found = _one_token_per_row(
             ensemble,
             state,
@@ -247,6 +274,7 @@ def _beam_search(
     device: torch.device,
     never: torch.Tensor,
     first_tokens: torch.Tensor | None = None,
+    constraints: BatchConstraints | None = None,
 ) -> list[list[Hypothesis]]:
     num_sentences, beam = len(max_len), cfg.beam
     finished = _Finished(
@@ -254,6 +282,7 @@ def _beam_search(
         max_steps=int(max_len.max()) + 1,
         device=device,
         forced=int(first_tokens is not None),
+        constrained=constraints is not None,
     )
     num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
     sentences = torch.arange(num_sentences, device=device)  # original index of each active sentence
@@ -262,7 +291,7 @@ def _beam_search(
     prefix = torch.full((num_sentences, 1), BOS_ID, dtype=torch.long, device=device)  # (rows, t+1)
     sums = torch.full((num_sentences, beam), -torch.inf, device=device)  # (B, K) log-prob sums
     sums[:, 0] = 0.0
-    candidate_rank = torch.arange(2 * beam, device=device)  # (2K,)
+    progress = None if constraints is None else constraints.start(sentences)  # per row
     for step in range(int(max_len.max()) + 1):
         num_active = sentences.shape[0]
         rows_per_sentence = prefix.shape[0] // num_active  # 1 at the first step, then K
@@ -279,12 +308,29 @@ def _beam_search(
             never=never,
             first_tokens=first_tokens,  # step 0 runs one row per sentence
         )  # (rows, V)
+        if progress is not None:
+            # No EOS before every constraint is met, unless the length forces it.
+            unmet = ~progress.met.all(dim=1)
+            if force_eos is not None:
+                unmet &= ~force_eos
+            lprobs[:, EOS_ID] = lprobs[:, EOS_ID].masked_fill(unmet, -torch.inf)
         vocab_size = lprobs.shape[1]
         # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.
         candidates = (
             sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)
         ).view(num_active, -1)
-        top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K), best first
+        if constraints is None or progress is None:
+            top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K), best first
+        else:  # (B, N): the banks' order (nmt.eval.constraints), not the scores'
+            top_sums, top_index, progress = _constrained_candidates(
+                candidates,
+                lprobs,
+                prefix,
+                progress,
+                constraints,
+                sentences=sentences,
+                beam=beam,
+            )
         top_beams = torch.div(top_index, vocab_size, rounding_mode="floor")
         top_tokens = top_index % vocab_size
         # Row of each candidate's parent in the current state (every beam's parent is row 0 at first).
@@ -295,6 +341,7 @@ def _beam_search(
 
         # Finish the EOS candidates among the first K (the fairseq rule), while a sentence has room.
         eos = is_eos[:, :beam] & top_sums[:, :beam].isfinite()  # (B, K)
+        complete = None if progress is None else progress.met[:, :beam].all(dim=-1).reshape(-1)
         slot = num_finished[sentences][:, None] + eos.cumsum(dim=1) - 1  # (B, K)
         accept = eos & (slot < beam)
         finished.add(
@@ -309,16 +356,23 @@ def _beam_search(
             top_sums[:, :beam].reshape(-1),
             step=step,
             cfg=cfg,
+            complete=complete,
         )
         num_finished.index_add_(0, sentences, accept.sum(dim=1))
 
-        # The first K non-EOS candidates continue (there are always K among 2K: one EOS per beam at most).
+        # The first K non-EOS candidates continue. There are always K: one EOS per beam at most among
+        # 2K; with constraints two per row (a repeated copy scores -inf) among 2K + rows x (C + 1).
+        num_candidates = top_index.shape[1]
+        candidate_rank = torch.arange(num_candidates, device=device)
         keep_rank = (
-            (is_eos * (2 * beam) + candidate_rank).topk(beam, dim=1, largest=False).indices
+            (is_eos * num_candidates + candidate_rank).topk(beam, dim=1, largest=False).indices
         )  # (B, K)
         next_rows = top_rows.gather(1, keep_rank)  # (B, K) parent rows in the current state
         next_tokens = top_tokens.gather(1, keep_rank)
         sums = top_sums.gather(1, keep_rank)
+        if progress is not None:  # (B, N, C) -> (B, K, C), the continuing candidates'
+            index = keep_rank[:, :, None].expand(-1, -1, progress.met.shape[-1])
+            progress = Progress(progress.met.gather(1, index), progress.matched.gather(1, index))
 
         done = num_finished[sentences] >= beam
         if step >= int(max_len.min()):
@@ -329,6 +383,8 @@ def _beam_search(
                 break
             next_rows, next_tokens, sums = next_rows[keep], next_tokens[keep], sums[keep]
             sentences = sentences[keep]
+            if progress is not None:
+                progress = Progress(progress.met[keep], progress.matched[keep])
             max_len = max_len[keep.cpu().numpy()]
         if rows_per_sentence == 1 or next_rows.shape[0] < num_active:
             # Expanding to K beams, or dropping finished sentences: the encoder side changes too.
@@ -338,7 +394,66 @@ def _beam_search(
         prefix = torch.cat(
             [prefix.index_select(0, next_rows.view(-1)), next_tokens.view(-1, 1)], dim=1
         )
+        if progress is not None:
+            progress = Progress(progress.met.flatten(0, 1), progress.matched.flatten(0, 1))
     return finished.best(num_sentences, per_sentence=beam, nbest=cfg.nbest)
+
+
+def _constrained_candidates(
+    candidates: torch.Tensor,
+    lprobs: torch.Tensor,
+    prefix: torch.Tensor,
+    progress: Progress,
+    constraints: BatchConstraints,
+    *,
+    sentences: torch.Tensor,
+    beam: int,
+) -> tuple[torch.Tensor, torch.Tensor, Progress]:
+    """Dynamic beam allocation's candidates, in its order: ``candidates`` (B, rows x V) the sums of
+    every extension, ``lprobs`` (R, V), ``prefix`` (R, t+1), ``progress`` (R, C) of the current rows.
+
+    Returns sums (B, N), indices (B, N) into ``candidates`` (parent beam x V + token) and the
+    candidates' Progress (B, N, C), N = 2K + rows per sentence x (C + 1): the 2K best, and for
+    every row its best token and the next piece of each open constraint; a candidate found twice
+    is kept once (the other copy scores -inf)."""
+    num_active, vocab_size = candidates.shape[0], lprobs.shape[1]
+    rows_per_sentence = prefix.shape[0] // num_active
+    top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K)
+    wanted = constraints.wanted(progress, sentences, rows_per_sentence)  # (R, C)
+    extra_tokens = torch.cat([lprobs.argmax(dim=1, keepdim=True), wanted.clamp(min=0)], dim=1)
+    extra_index = (
+        torch.arange(rows_per_sentence, device=prefix.device)[None, :, None] * vocab_size
+        + extra_tokens.view(num_active, rows_per_sentence, -1)
+    ).view(num_active, -1)
+    extra_sums = candidates.gather(1, extra_index)
+    best_found = torch.zeros((wanted.shape[0], 1), dtype=torch.bool, device=wanted.device)
+    no_extra = torch.cat([best_found, wanted == NO_TOKEN], dim=1)  # (R, 1 + C)
+    extra_sums = extra_sums.masked_fill(no_extra.view(num_active, -1), -torch.inf)
+    index = torch.cat([top_index, extra_index], dim=1)  # (B, N)
+    sums = torch.cat([top_sums, extra_sums], dim=1)
+    num = index.shape[1]
+    earlier = torch.ones(num, num, dtype=torch.bool, device=index.device).tril(-1)
+    repeated = ((index[:, :, None] == index[:, None, :]) & earlier).any(dim=-1)
+    sums = sums.masked_fill(repeated, -torch.inf)
+
+    # (B, N) each candidate's row in the current state (at the first step, the -inf beams' is row 0)
+    first_row = torch.arange(num_active, device=index.device)[:, None] * rows_per_sentence
+    beams = torch.div(index, vocab_size, rounding_mode="floor")
+    parents = first_row + beams * (rows_per_sentence > 1)
+    kept = constraints.longest - 1  # pieces before the new one that a match may span
+    tail = prefix[:, prefix.shape[1] - min(kept, prefix.shape[1]) :]
+    tail = torch.cat([tail.new_full((tail.shape[0], kept - tail.shape[1]), BEFORE_START), tail], 1)
+    tails = torch.cat([tail[parents], (index % vocab_size)[:, :, None]], dim=2)  # (B, N, L)
+    moved, banks = constraints.advance(
+        Progress(progress.met[parents], progress.matched[parents]), tails, sentences
+    )
+    order = dynamic_beam_order(sums, banks, constraints.num_banks)  # (B, N)
+    by_order = order[:, :, None].expand(-1, -1, moved.met.shape[-1])
+    return (
+        sums.gather(1, order),
+        index.gather(1, order),
+        Progress(moved.met.gather(1, by_order), moved.matched.gather(1, by_order)),
+    )
 
 
 class _Finished:
@@ -349,7 +464,13 @@ class _Finished:
     """
 
     def __init__(
-        self, num_slots: int, *, max_steps: int, device: torch.device, forced: int = 0
+        self,
+        num_slots: int,
+        *,
+        max_steps: int,
+        device: torch.device,
+        forced: int = 0,
+        constrained: bool = False,
     ) -> None:
         self.discard_row = num_slots
         self.forced = forced  # a forced first token (the decoder-side tag) is not in the length
@@ -358,6 +479,10 @@ class _Finished:
         )
         self.lengths = torch.zeros(num_slots + 1, dtype=torch.long, device=device)
         self.scores = torch.full((num_slots + 1,), -torch.inf, device=device)
+        # With constraints: whether each hypothesis met them all (those that did rank first).
+        self.complete = (
+            torch.zeros(num_slots + 1, dtype=torch.bool, device=device) if constrained else None
+        )
 
     def add(
         self,
@@ -367,16 +492,25 @@ class _Finished:
         *,
         step: int,
         cfg: EvalConfig,
+        complete: torch.Tensor | None = None,
     ) -> None:
-        """``prefixes`` (N, step + 2): BOS, tokens, EOS; ``sums`` (N,) their log-prob sums; into ``slots`` (N,)."""
+        """``prefixes`` (N, step + 2): BOS, tokens, EOS; ``sums`` (N,) their log-prob sums; into
+        ``slots`` (N,); ``complete`` (N,): whether each met its constraints (with constraints only)."""
         length = step + 1  # generated tokens, EOS included
         self.tokens[:, : step + 2].index_copy_(0, slots, prefixes)
         self.lengths.index_fill_(0, slots, length)
         self.scores.index_copy_(0, slots, sums / (length - self.forced) ** cfg.lenpen)
+        if self.complete is not None:
+            assert complete is not None
+            self.complete.index_copy_(0, slots, complete)
 
     def best(self, num_sentences: int, *, per_sentence: int, nbest: int) -> list[list[Hypothesis]]:
         scores = self.scores[:-1].view(num_sentences, per_sentence)
-        order = scores.argsort(dim=1, descending=True, stable=True)[:, :nbest]  # (N, nbest)
+        order = scores.argsort(dim=1, descending=True, stable=True)  # (N, per_sentence)
+        if self.complete is not None:  # those that met their constraints first, by score
+            complete = self.complete[:-1].view(num_sentences, per_sentence).gather(1, order)
+            order = order.gather(1, complete.int().argsort(dim=1, descending=True, stable=True))
+        order = order[:, :nbest]  # (N, nbest)
         slots = (
             order + torch.arange(num_sentences, device=order.device)[:, None] * per_sentence
         ).view(-1)

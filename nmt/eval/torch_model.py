@@ -109,14 +109,17 @@ class TorchModels:
         self.max_target_positions = self.ensemble.max_target_positions
 
     def searcher(
-        self, cfg: EvalConfig
-    ) -> Callable[[list[np.ndarray], np.ndarray], list[list[Hypothesis]]]:
+        self, cfg: EvalConfig, *, ordered_constraints: bool = False
+    ) -> Callable[..., list[list[Hypothesis]]]:
         """The search of one batch (sources, EOS last, cut to lengths), for one ``generate`` call: a
         sampling search draws from one generator seeded with ``cfg.seed`` across its batches."""
         generator = torch.Generator(self.device).manual_seed(cfg.seed) if cfg.sampling else None
 
         def search(
-            sources: list[np.ndarray], lengths: np.ndarray, first_tokens: list[int] | None = None
+            sources: list[np.ndarray],
+            lengths: np.ndarray,
+            first_tokens: list[int] | None = None,
+            constraints: list[list[list[int]]] | None = None,
         ) -> list[list[Hypothesis]]:
             src_tokens, src_lengths = self.collate(sources, lengths)
             return generate(
@@ -129,6 +132,8 @@ class TorchModels:
                 first_tokens=None
                 if first_tokens is None
                 else torch.tensor(first_tokens, dtype=torch.long, device=self.device),
+                constraints=constraints,
+                ordered_constraints=ordered_constraints,
             )
 
         return search

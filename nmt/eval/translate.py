@@ -3,6 +3,7 @@
     translator = nmt.Translator.from_checkpoint("runs/ckpt/checkpoint_best.pt", device="cpu")
     translator.translate(["A man is riding a bike."], beam=5)   # -> ["Ein Mann fährt Fahrrad."]
     translator.translate("A man is riding a bike.")             # one sentence -> one str
+    translator.translate("A man is riding a bike.", constraints=["Rad"])  # lexical constraints
     translator.score(hypotheses, references)                    # -> [BLEU, chrF2] with signatures
     Translator.from_checkpoint(["a.pt", "b.pt"])                 # an ensemble (mean of probabilities)
     Translator.from_checkpoint(["a.pt", "b.pt"], average=True)   # one model, weights averaged
@@ -20,7 +21,7 @@ import dataclasses
 import itertools
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
@@ -33,6 +34,7 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import Manifest
 from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
+from nmt.eval.constraints import check_phrases
 from nmt.eval.ct2_model import CT2Model, read_export_manifest
 from nmt.eval.hypothesis import Hypothesis, LengthLimitError, check_min_len
 from nmt.eval.languages import BILINGUAL, Direction, Languages
@@ -263,18 +265,25 @@ class Translator:
         progress: bool = False,
         source_lang: str | None = None,
         target_lang: str | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        ordered_constraints: bool = False,
         **options: Any,
     ) -> str | list[str]:
         """Best translation of each line (of the one sentence, given a ``str``); ``options`` override
-        ``EvalConfig`` fields (beam=5, lenpen=...); a multilingual model needs the direction."""
+        ``EvalConfig`` fields (beam=5, lenpen=...); a multilingual model needs the direction.
+
+        ``constraints``: per line, phrases its translation must contain (given one ``str`` line:
+        its phrases); ``ordered_constraints``: in that order (``nmt.eval.constraints``)."""
         sentences, single = _sentences(lines)
         best = [
             nbest[0].text
             for nbest in self.translate_nbest(
-                sentences,
+                lines if single else sentences,  # the str itself: its constraints are one list
                 progress=progress,
                 source_lang=source_lang,
                 target_lang=target_lang,
+                constraints=constraints,
+                ordered_constraints=ordered_constraints,
                 **options,
             )
         ]
@@ -287,10 +296,13 @@ class Translator:
         progress: bool = False,
         source_lang: str | None = None,
         target_lang: str | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        ordered_constraints: bool = False,
         **options: Any,
     ) -> list[list[Translation]]:
-        """Per line, ``nbest`` translations, best first (a ``str`` is one line)."""
-        sentences, _ = _sentences(lines)
+        """Per line, ``nbest`` translations, best first (a ``str`` is one line); ``constraints`` as
+        ``translate`` takes them."""
+        sentences, single = _sentences(lines)
         direction = self.direction(source_lang, target_lang)
         sources = self.encode(sentences, direction=direction)
         return self.detokenize(
@@ -298,9 +310,32 @@ class Translator:
                 sources,
                 progress=progress,
                 first_tokens=self.first_tokens(direction, len(sources)),
+                constraints=None
+                if constraints is None
+                else self.encode_constraints([constraints] if single else constraints),
+                ordered_constraints=ordered_constraints,
                 **options,
             )
         )
+
+    def encode_constraints(
+        self, phrases: Sequence[Sequence[str]], *, where: Callable[[int], str] | None = None
+    ) -> list[list[list[int]]]:
+        """Per sentence, its constraint phrases as target pieces; a phrase with none is a ValueError
+        naming ``where(index)`` (default: "constraints of sentence N")."""
+        encoded = []
+        for index, sentence_phrases in enumerate(phrases):
+            if isinstance(sentence_phrases, str):
+                raise TypeError(
+                    "constraints: per sentence, a sequence of phrases (a str alone would be its characters)"
+                )
+            pieces = self.tgt_spm.encode(list(sentence_phrases))
+            check_phrases(
+                pieces,
+                where=f"constraints of sentence {index + 1}" if where is None else where(index),
+            )
+            encoded.append(pieces)
+        return encoded
 
     def encode(self, lines: Sequence[str], *, direction: Direction = BILINGUAL) -> list[np.ndarray]:
         """Source token ids of raw lines, EOS included, as ``generate`` takes them; a multilingual
@@ -329,17 +364,35 @@ class Translator:
         *,
         progress: bool = False,
         first_tokens: Sequence[int] | None = None,
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+        ordered_constraints: bool = False,
         **options: Any,
     ) -> list[list[Hypothesis]]:
         """Token ids (each ending with EOS) -> ``nbest`` hypotheses per source, in input order.
         ``first_tokens``: per source, its forced first output token (a decoder-side language tag,
-        left out of the hypotheses); sources of different directions may share a call."""
+        left out of the hypotheses); sources of different directions may share a call.
+        ``constraints``: per source, phrases (target piece ids) every hypothesis must contain
+        (lexically constrained beam search, ``nmt.eval.constraints``)."""
         cfg = dataclasses.replace(self.config, **options)
+        if constraints is not None:
+            self.check_constraints(cfg)
+            if len(constraints) != len(sources):
+                raise ValueError(
+                    f"constraints: {len(constraints)} lists for {len(sources)} sentences; one per sentence"
+                )
         self.check_sources(sources, cfg)
         lengths = self._source_lengths(sources)
         results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
-        todo = np.flatnonzero(lengths > 1)  # EOS alone: an empty line translates to an empty line
-        search = self.backend.searcher(cfg)
+        # EOS alone: an empty line translates to an empty line, unless it has constraints to meet.
+        decoded = lengths > 1
+        if constraints is not None:
+            decoded |= np.array([len(phrases) > 0 for phrases in constraints], dtype=bool)
+        todo = np.flatnonzero(decoded)
+        search = (
+            self.backend.searcher(cfg)
+            if constraints is None
+            else self.backend.searcher(cfg, ordered_constraints=ordered_constraints)
+        )
         with tqdm(
             total=len(todo),
             unit="sent",
@@ -350,15 +403,34 @@ class Translator:
         ) as bar:
             for indices in _batches(todo, lengths, lengths, cfg):
                 batch = [sources[i] for i in indices]
+                batch_first_tokens = (
+                    None if first_tokens is None else [first_tokens[i] for i in indices]
+                )
                 found = (
-                    search(batch, lengths[indices])
-                    if first_tokens is None
-                    else search(batch, lengths[indices], [first_tokens[i] for i in indices])
+                    search(batch, lengths[indices], batch_first_tokens)
+                    if constraints is None
+                    else search(
+                        batch,
+                        lengths[indices],
+                        batch_first_tokens,
+                        [list(constraints[i]) for i in indices],
+                    )
                 )
                 for index, nbest in zip(indices, found):
                     results[index] = nbest
                 bar.update(len(indices))
         return results
+
+    def check_constraints(self, cfg: EvalConfig | None = None) -> None:
+        """ValueError (one line) unless this backend can search lexical constraints under ``cfg``
+        (default: the Translator's own)."""
+        if isinstance(self.backend, CT2Model):
+            raise ValueError(
+                f"--constraints: {self.backend.name} is a CTranslate2 export, which has no lexical "
+                "constraints; decode with the PyTorch checkpoint"
+            )
+        if (cfg or self.config).sampling:
+            raise ValueError("--constraints: beam search only, not with --sampling")
 
     def require_forced_decoding(self) -> None:
         """Raise (one line) unless the backend can score given targets: fairseq's P-/A- lines and
