@@ -251,17 +251,18 @@ def run_step(
     finished = run_limited(command, limit_s=limit_s, grace_s=grace_s)
     row["seconds"] = round(finished.seconds, 1)
     row["output_tail"] = finished.output[-3000:]
-    if finished.timed_out:
+    outcome = parse_outcome(finished.output)
+    if finished.timed_out:  # what the step measured before its limit, or its last words
         ending = f"SIGKILL {grace_s:g} s after SIGTERM" if finished.killed else "SIGTERM ended it"
-        last = last_line(finished.output)
+        before = f"done before: {outcome.detail}" if outcome else last_line(finished.output)
         return {
             **row,
             "status": "timeout",
             "detail": f"stopped at its {limit_s:.0f} s limit ({ending})"
-            + (f"; last output: {last}" if last else ""),
+            + (f"; {before}" if before else ""),
             "killed": finished.killed,
+            "figures": outcome.figures if outcome else {},
         }
-    outcome = parse_outcome(finished.output)
     if outcome is None:
         return {
             **row,
@@ -272,14 +273,22 @@ def run_step(
 
 
 # A step that ignores SIGTERM, and so does the process it starts (--hang: the kill is tested).
+# It reports a partial result first, as the long steps do after each measurement.
 HANG = (
-    "import os, signal, subprocess, sys, time\n"
+    "import json, os, signal, subprocess, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "deaf = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'\n"
     "child = subprocess.Popen([sys.executable, '-c', deaf])\n"
-    "print(f'hanging: pid {os.getpid()}, child pid {child.pid}', flush=True)\n"
+    "detail = f'hanging: pid {os.getpid()}, child pid {child.pid}'\n"
+    "partial = {'verdict': 'pass', 'detail': detail, 'figures': {'pids': [os.getpid(), child.pid]}}\n"
+    f"print({RESULT_PREFIX!r} + json.dumps(partial), flush=True)\n"
     "time.sleep(600)\n"
 )
+
+
+def report(outcome: Outcome) -> None:
+    """A step's result for the parent; a long step reports partial ones too (the last one counts)."""
+    print(RESULT_PREFIX + json.dumps(dataclasses.asdict(outcome)), flush=True)
 
 
 def parse_outcome(output: str) -> Outcome | None:
@@ -473,6 +482,11 @@ def step_throughput(settings: Settings) -> Outcome:
                 "step_tok_s": step,
                 "process_over_step": process / step,
             }
+            report(throughput_outcome(figures))
+    return throughput_outcome(figures)
+
+
+def throughput_outcome(figures: dict[str, Any]) -> Outcome:
     detail = " | ".join(
         f"{name}: {f['process_tok_s']:,.0f} vs {f['step_tok_s']:,.0f} tok/s "
         f"({f['process_over_step']:.2f})"
@@ -537,6 +551,7 @@ def step_compile(settings: Settings) -> Outcome:
         if code:
             return Outcome("FAIL", f"{name}: exit {code}: {last_line(output)}", figures)
         figures[name] = {"tok_s": logged_tokens_per_second(output), "process_s": wall}
+        report(Outcome("pass", f"{name}: {figures[name]['tok_s']:,.0f} tok/s", figures))
     warmup = re.search(r"compiled (\d+) shapes in ([0-9.]+)s", output)
     if warmup is None:
         return Outcome("FAIL", "no 'compiled N shapes' line in nmt-train's log", figures)
@@ -587,8 +602,7 @@ CHILDREN: dict[str, Callable[[Settings], Outcome]] = {
 
 
 def child_main(args: argparse.Namespace) -> int:
-    outcome = CHILDREN[args.child](Settings(args.work, args.dry_run_cpu, args.recipe_minutes))
-    print(RESULT_PREFIX + json.dumps(dataclasses.asdict(outcome)), flush=True)
+    report(CHILDREN[args.child](Settings(args.work, args.dry_run_cpu, args.recipe_minutes)))
     return 0
 
 

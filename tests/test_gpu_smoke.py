@@ -62,7 +62,9 @@ def test_a_step_deaf_to_sigterm_is_killed_after_the_grace_period(tmp_path: Path)
     assert 5 <= ddp["seconds"] < 15, ddp
     assert elapsed < 120
     assert ddp["detail"].startswith("stopped at its 3 s limit (SIGKILL 2 s after SIGTERM)")
-    pids = [int(p) for p in re.findall(r"pid (\d+)", ddp["output_tail"])]
+    # What the step reported before its limit is kept: here, its own and its child's pids.
+    pids = ddp["figures"]["pids"]
+    assert ddp["detail"].endswith(f"; done before: hanging: pid {pids[0]}, child pid {pids[1]}")
     assert len(pids) == 2 and not any(alive(pid) for pid in pids)
     assert "timeout" in table_row(result.stdout, "ddp")
     assert "SIGKILL 2 s after SIGTERM" in table_row(result.stdout, "ddp")
