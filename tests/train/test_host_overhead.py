@@ -47,7 +47,9 @@ def update_operations(trainer):
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 def test_an_update_dispatches_no_more_operations_than_measured(tiny_data, tmp_path, layout):
-    trainer = make_trainer(tiny_data, tmp_path / "ck", "--layout", layout, "--clip-norm", "1.0")
+    trainer = make_trainer(
+        tiny_data, tmp_path / "ck", "--layout", layout, "--clip-norm", "1.0", "--device", "cpu"
+    )
     try:
         count = update_operations(trainer)
     finally:
