@@ -71,13 +71,12 @@ class BatchConstraints:
         self, progress: Progress, sentences: torch.Tensor, rows_per_sentence: int
     ) -> torch.Tensor:
         """(R, C) the piece each row's output needs next for each constraint, NO_TOKEN where none
-        (met, or with ``ordered`` not the first unmet one)."""
+        (met; with ``ordered``, not the first unmet one, or one that occurred before its turn)."""
         tokens = self.tokens[sentences].repeat_interleave(rows_per_sentence, dim=0)  # (R, C, L)
-        open_ = self._open(progress.met)
-        wanted = tokens.gather(2, progress.matched.clamp(max=self.longest - 1)[:, :, None]).squeeze(
-            2
-        )
-        return wanted.masked_fill(~open_, NO_TOKEN)
+        lengths = self.lengths[sentences].repeat_interleave(rows_per_sentence, dim=0)  # (R, C)
+        under_way = self._open(progress.met) & (progress.matched < lengths)
+        following = progress.matched.clamp(max=self.longest - 1)[:, :, None]
+        return tokens.gather(2, following).squeeze(2).masked_fill(~under_way, NO_TOKEN)
 
     def advance(
         self, progress: Progress, tails: torch.Tensor, sentences: torch.Tensor
