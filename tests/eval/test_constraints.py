@@ -156,9 +156,12 @@ def test_tiny_model_term_success_is_total_and_batching_does_not_change_it(tiny) 
     )
     # One sentence as a str takes its own list of phrases; no constraint is the plain search.
     assert "katze" in translator.translate(tiny.test_src[0], constraints=["katze"]).split()
-    assert translator.translate(tiny.test_src, constraints=[[]] * len(tiny.test_src)) == (
-        translator.translate(tiny.test_src)
-    )
+    # Sentences without constraints, in a batch with constrained ones, translate as without any.
+    some = [words if index % 3 == 0 else [] for index, words in enumerate(constraints)]
+    mixed = translator.translate(tiny.test_src, constraints=some)
+    plain = translator.translate(tiny.test_src)
+    assert [m for m, c in zip(mixed, some) if not c] == [p for p, c in zip(plain, some) if not c]
+    assert translator.translate(tiny.test_src, constraints=[[]] * len(tiny.test_src)) == plain
     # An empty line is decoded when it has constraints (and stays empty when it has none).
     assert translator.translate(["", ""], constraints=[["rot"], []]) == ["rot", ""]
 
