@@ -107,6 +107,46 @@ def run(tree: str, *, compile: bool, cache_dir: str, updates: int) -> dict[str, 
     }
 
 
+def interleaved_tokens_per_second(updates: int, *, warmup: int = 2) -> dict[str, float]:
+    """Target tokens/s of an eager and a compiled trainer of the default model in this process,
+    taking turns update by update on the same batches, after ``warmup`` updates each."""
+    from nmt.data import Update, load_manifest
+    from nmt.train.compile import compile_for_shapes
+    from nmt.train.trainer import Trainer
+    from nmt_cli.train import build_parser, make_configs
+
+    manifest = load_manifest(DATA)
+    steppers = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        args = [DATA, "--save-dir", tempfile.mkdtemp(), "--device", "cpu", *extra]
+        trainer = Trainer(
+            *make_configs(build_parser().parse_args(args), manifest), manifest=manifest
+        )
+        if extra:
+            compile_for_shapes(trainer.step, trainer.plan.static)
+        batches = trainer.plan.current.rank_batches.to_list()[: warmup + updates]
+        tgt = trainer.plan.current.dataset.tgt_lengths
+
+        def step(i: int, trainer=trainer, batches=batches, tgt=tgt) -> int:
+            tokens = int(tgt[batches[i]].sum())
+            micro = trainer.plan.micro_batches(batches[i])
+            trainer.step(Update(micro, tokens, len(batches[i]), epoch=1, ends_epoch=False))
+            trainer.step.read()  # waits for the update, as a log point does
+            return tokens
+
+        steppers[name] = step
+    seconds = {name: 0.0 for name in steppers}
+    tokens = {name: 0 for name in steppers}
+    for i in range(warmup + updates):
+        for name, step in steppers.items():
+            started = time.perf_counter()
+            count = step(i)
+            if i >= warmup:
+                seconds[name] += time.perf_counter() - started
+                tokens[name] += count
+    return {name: tokens[name] / seconds[name] for name in steppers}
+
+
 def load() -> str:
     with open("/proc/loadavg") as handle:
         return " ".join(handle.read().split()[:3])
@@ -114,11 +154,30 @@ def load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline-tree", required=True, help="a checkout of the code before")
+    parser.add_argument("--baseline-tree", help="a checkout of the code before (required)")
     parser.add_argument("--updates", type=int, default=10, help="per run (at least 4)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all rows")
+    parser.add_argument(
+        "--interleaved",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only compiled vs eager tokens/s in one process, N updates each taking turns",
+    )
     args = parser.parse_args()
     ensure_data()
+    if not args.interleaved and not args.baseline_tree:
+        parser.error("--baseline-tree is required (or --interleaved N)")
+    if args.interleaved:
+        before = load()
+        rates = interleaved_tokens_per_second(args.interleaved)
+        print(
+            f"in one process, {args.interleaved} updates each taking turns (default model, CPU): "
+            f"eager {rates['eager']:,.0f} tok/s, compiled {rates['compiled']:,.0f} tok/s, "
+            f"compiled/eager {rates['compiled'] / rates['eager']:.2f}x "
+            f"(load {before} before, {load()} after)"
+        )
+        return
     rows = {  # name: (tree, --compile, the compile cache: a directory per key and round)
         "this tree --compile, empty cache": (ROOT, True, "this"),
         "this tree --compile, the cache it left": (ROOT, True, "this"),
