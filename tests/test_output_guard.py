@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from nmt.fileio import PATH_KINDS, READ, PREFIX, Destination, check_destination
+from nmt.fileio import PATH_KINDS, PREFIX, READ, Destination, check_destination
 from nmt_cli import eval as eval_cli
 from nmt_cli import export as export_cli
 from nmt_cli import filter as filter_cli
