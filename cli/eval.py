@@ -16,7 +16,7 @@ import numpy as np
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.text import count_lines, open_binary
-from nmt.eval.constraints import split_line
+from nmt.eval.constraint_input import split_line
 from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.output import FairseqLines, base2, plain_lines

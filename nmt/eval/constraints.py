@@ -132,19 +132,3 @@ def dynamic_beam_order(scores: torch.Tensor, banks: torch.Tensor, num_banks: int
     dead = scores.gather(1, order) == -torch.inf
     key = torch.where(dead, num * num_banks + position, key)
     return order.gather(1, key.argsort(dim=1, stable=True))
-
-
-def check_phrases(phrases: Sequence[Sequence[int]], *, where: str) -> None:
-    """ValueError (one line, ``where`` names the line) for a constraint with no pieces."""
-    for index, phrase in enumerate(phrases):
-        if not phrase:
-            raise ValueError(
-                f"{where}: constraint {index + 1} is empty (no pieces: a tab at the end, two tabs "
-                "in a row, or only spaces)"
-            )
-
-
-def split_line(line: str) -> tuple[str, list[str]]:
-    """fairseq's input format: the source, then its constraints, tab-separated."""
-    source, *constraints = line.split("\t")
-    return source, constraints

@@ -34,7 +34,7 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import Manifest
 from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
-from nmt.eval.constraints import check_phrases
+from nmt.eval.constraint_input import check_phrases
 from nmt.eval.ct2_model import CT2Model, read_export_manifest
 from nmt.eval.hypothesis import Hypothesis, LengthLimitError, check_min_len
 from nmt.eval.languages import BILINGUAL, Direction, Languages
