@@ -946,7 +946,9 @@ class RunConfig:
     bf16: bool = opt(False, "bfloat16 autocast")
     fp16: bool = opt(False, "float16 autocast with loss scaling (overflows skip the update)")
     compile: bool = opt(
-        False, "torch.compile with static (bucketed) shapes, all compiled at start-up"
+        False,
+        "torch.compile each layer class once (every layer reuses it), training only; packed "
+        "batches' token count dynamic, padded lengths bucketed; warmed up at start-up",
     )
     seed: int = opt(1, "seed of the weights, the batch order and dropout")
     max_update: int = opt(0, "stop after this many updates (0: no limit)")
