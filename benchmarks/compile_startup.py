@@ -24,7 +24,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(ROOT, "runs", "bench-data")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from train_throughput import DATA, ensure_data  # noqa: E402  (one Multi30k dataset for both)
 
 # A tree's nmt and nmt_cli (its cli/ directory made the package, as the installed one is), so an
 # older checkout runs in the same benchmark as this one; the trainer's figures are printed as JSON.
@@ -50,30 +51,6 @@ compiled = trainer.compiled
 print(json.dumps({"kind": "bench", "recompiles": None if compiled is None
                   else compiled.recompiles_since_warmup()}), flush=True)
 """
-
-
-def ensure_data() -> None:
-    if not os.path.exists(os.path.join(DATA, "manifest.json")):
-        multi30k = os.path.join(ROOT, "data", "multi30k")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "nmt_cli.preprocess",
-                "-s",
-                "en",
-                "-t",
-                "de",
-                "--trainpref",
-                f"{multi30k}/train",
-                "--validpref",
-                f"{multi30k}/val",
-                "--destdir",
-                DATA,
-                "--overwrite",
-            ],
-            check=True,
-        )
 
 
 def run(tree: str, *, compile: bool, cache_dir: str, updates: int) -> dict[str, float]:

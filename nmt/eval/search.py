@@ -79,21 +79,8 @@ def generate(
     never = torch.tensor([PAD_ID, BOS_ID, *banned], dtype=torch.long, device=src_tokens.device)
     if constraints is not None and not any(constraints):
         constraints = None  # the plain search finds the same, with fewer operations per step
-    if constraints is not None:
-        assert not cfg.sampling, "constraints are refused with sampling where they are given"
-        found = _beam_search(
-            ensemble,
-            state,
-            max_len,
-            cfg,
-            device=src_tokens.device,
-            never=never,
-            first_tokens=first_tokens,
-            constraints=BatchConstraints(
-                constraints, ordered=ordered_constraints, device=src_tokens.device
-            ),
-        )
-    elif cfg.sampling or cfg.beam == 1:
+    assert constraints is None or not cfg.sampling, "refused with sampling where they are given"
+    if constraints is None and (cfg.sampling or cfg.beam == 1):
         found = _one_token_per_row(
             ensemble,
             state,
@@ -104,7 +91,7 @@ def generate(
             never=never,
             first_tokens=first_tokens,
         )
-    else:
+    else:  # constrained too, whatever the beam: the banks need the beam's bookkeeping
         found = _beam_search(
             ensemble,
             state,
@@ -113,6 +100,11 @@ def generate(
             device=src_tokens.device,
             never=never,
             first_tokens=first_tokens,
+            constraints=None
+            if constraints is None
+            else BatchConstraints(
+                constraints, ordered=ordered_constraints, device=src_tokens.device
+            ),
         )
     if forced:
         for nbest in found:
