@@ -256,26 +256,17 @@ def test_overwrite_never_deletes_a_save_dir_or_checkpoint_put_inside_a_dataset(w
     # A stray checkpoint file is kept the same way.
     shutil.rmtree(inside)
     shutil.copy(world["ckpt"], world["data"] / "average.pt")
-    with pytest.raises(ValueError, match="average.pt, a checkpoint"):
-        check_destination(
-            Destination(
-                str(world["data"]),
-                option="--destdir",
-                replace_flag="--overwrite",
-                made_by="nmt-preprocess",
-                replace=True,
-            )
-        )
-    os.remove(world["data"] / "average.pt")
-    check_destination(  # its own files only: replaced as before
-        Destination(
-            str(world["data"]),
-            option="--destdir",
-            replace_flag="--overwrite",
-            made_by="nmt-preprocess",
-            replace=True,
-        )
+    replace = Destination(
+        str(world["data"]),
+        option="--destdir",
+        replace_flag="--overwrite",
+        made_by="nmt-preprocess",
+        replace=True,
     )
+    with pytest.raises(ValueError, match="average.pt, a checkpoint"):
+        check_destination(replace)
+    os.remove(world["data"] / "average.pt")
+    check_destination(replace)  # its own files only: replaced as before
 
 
 def test_streams_are_written_to_not_guarded(world):
