@@ -445,11 +445,20 @@ def managed_kind(directory: str) -> str | None:
     maker = made_by(directory)
     if maker in _MAKERS:
         return _MAKERS[maker]
-    if os.path.isfile(os.path.join(directory, _DATASET_FILE)):
+    if _is_dataset_manifest(os.path.join(directory, _DATASET_FILE)):
         return DATASET
     if any(os.path.isfile(os.path.join(directory, name)) for name in _SAVE_DIR_FILES):
         return SAVE_DIR
     return None
+
+
+def _is_dataset_manifest(path: str) -> bool:
+    """nmt-preprocess's manifest.json, not any file of that name (a web project's, above a run)."""
+    try:
+        with open(path, "rb") as handle:
+            return b'"manifest_version"' in handle.read(256)
+    except OSError:
+        return False
 
 
 def _describe(kind: str, path: str) -> str:

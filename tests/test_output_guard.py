@@ -305,3 +305,18 @@ def test_a_replaced_directory_is_swapped_in_one_step(tmp_path, monkeypatch):
     install_directory(str(new), destination)
     assert sorted(os.listdir(old)) == [".nmt-made-by", "new.txt"]
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_manifest_json_of_another_program_above_the_run_is_no_dataset(world):
+    """A project whose root holds some other manifest.json (a web app's, an extension's) is not
+    taken for a dataset: what is written under it is not refused."""
+    from nmt.fileio import PathOption, check_written_paths, managed_kind
+
+    project = world["root"] / "project"
+    project.mkdir()
+    (project / "manifest.json").write_text('{"name": "my-extension", "version": "1.0"}')
+    assert managed_kind(str(project)) is None
+    assert managed_kind(str(world["data"])) == "dataset"
+    (world["data"] / ".nmt-made-by").unlink()  # a dataset from before the markers
+    assert managed_kind(str(world["data"])) == "dataset"
+    check_written_paths([PathOption("--save-dir", str(project / "ckpt"), "save_dir")])
