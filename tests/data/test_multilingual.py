@@ -218,6 +218,16 @@ def test_bad_input_is_one_line(raw, capsys, pairs, change, message):
     assert not os.path.exists(raw / "out")
 
 
+def _preprocess_de_en(tmp_path, role, capsys):
+    """nmt-preprocess --lang-pairs de-en over tmp_path's train (and ROLE) prefix: exit code, stderr lines."""
+    options = [f"--{name}pref" for name in dict.fromkeys(["train", role])]
+    code = preprocess_main(
+        ["--lang-pairs", "de-en", "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60"]
+        + [word for option in options for word in (option, str(tmp_path / option[2:-4]))]
+    )
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize("role", ["train", "valid", "test"])
 @pytest.mark.parametrize(
     "stems",
@@ -230,12 +240,7 @@ def test_a_direction_in_two_sets_of_files_is_refused(tmp_path, capsys, role, ste
         write_multiway(tmp_path, "train", 30, seed=5)
     for index, stem in enumerate(stems):
         write_multiway(tmp_path, f"{role}.{stem}" if stem else role, 5, seed=7 + index)
-    options = [f"--{name}pref" for name in dict.fromkeys(["train", role])]
-    code = preprocess_main(
-        ["--lang-pairs", "de-en", "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60"]
-        + [word for option in options for word in (option, str(tmp_path / option[2:-4]))]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
+    code, err = _preprocess_de_en(tmp_path, role, capsys)
     prefix = str(tmp_path / role)
     sets = [
         " + ".join(
@@ -262,12 +267,7 @@ def test_half_a_per_pair_set_beside_a_complete_set_is_refused(
         write_multiway(tmp_path, f"{prefix}.{complete}" if complete else prefix, 30, seed=5)
     write_multiway(tmp_path, f"{role}.{half}", 5, seed=8)
     os.remove(tmp_path / f"{role}.{half}.de")
-    options = [f"--{name}pref" for name in dict.fromkeys(["train", role])]
-    code = preprocess_main(
-        ["--lang-pairs", "de-en", "--destdir", str(tmp_path / "out"), "--spm-vocab-size", "60"]
-        + [word for option in options for word in (option, str(tmp_path / option[2:-4]))]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
+    code, err = _preprocess_de_en(tmp_path, role, capsys)
     prefix = str(tmp_path / role)
     whole = ".".join(filter(None, [prefix, complete]))
     assert code == 1 and len(err) == 1, err
