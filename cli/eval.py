@@ -13,6 +13,14 @@ from typing import TextIO
 
 import numpy as np
 
+from nmt.command import (
+    ArgumentParser,
+    add_config_arguments,
+    command_paths,
+    config_from_args,
+    log_to_stderr,
+    run_main,
+)
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.text import count_lines, open_binary
@@ -29,14 +37,6 @@ from nmt.eval.translate import (
 )
 from nmt.fileio import write_output
 from nmt.workers import stop_on_signals
-from nmt_cli.options import (
-    ArgumentParser,
-    add_config_arguments,
-    command_paths,
-    config_from_args,
-    log_to_stderr,
-    run_main,
-)
 
 DEFAULT_BUFFER_SIZE = 4096
 

@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
+from nmt.command import ArgumentParser, command_paths, log_to_stderr, mark_path, run_main
 from nmt.deploy.ct2 import QUANTIZATIONS, export_ctranslate2
-from nmt_cli.options import ArgumentParser, command_paths, log_to_stderr, mark_path, run_main
 
 
 def build_parser() -> ArgumentParser:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nmt.config import FilterConfig
-from nmt.workers import stop_on_signals
-from nmt_cli.options import (
+from nmt.command import (
     ArgumentParser,
     add_config_arguments,
     command_paths,
@@ -15,6 +13,8 @@ from nmt_cli.options import (
     log_to_stderr,
     run_main,
 )
+from nmt.config import FilterConfig
+from nmt.workers import stop_on_signals
 
 
 def build_parser() -> ArgumentParser:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from nmt_cli.options import ArgumentParser, command_paths, log_to_stderr, mark_path, run_main
+from nmt.command import ArgumentParser, command_paths, log_to_stderr, mark_path, run_main
 
 
 def build_parser() -> ArgumentParser:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from nmt.config import PlotConfig
-from nmt_cli.options import (
+from nmt.command import (
     ArgumentParser,
     add_config_arguments,
     command_paths,
@@ -15,6 +14,7 @@ from nmt_cli.options import (
     log_to_stderr,
     run_main,
 )
+from nmt.config import PlotConfig
 
 
 def build_parser() -> ArgumentParser:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from nmt.config import PreprocessConfig
-from nmt_cli.options import (
+from nmt.command import (
     ArgumentParser,
     add_config_arguments,
     command_paths,
@@ -13,6 +12,7 @@ from nmt_cli.options import (
     log_to_stderr,
     run_main,
 )
+from nmt.config import PreprocessConfig
 
 
 def build_parser() -> ArgumentParser:

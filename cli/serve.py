@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nmt.config import EvalConfig, ServeConfig, ServeIOConfig
-from nmt.deploy.serve import run_server
-from nmt_cli.options import (
+from nmt.command import (
     ArgumentParser,
     add_config_arguments,
     command_paths,
@@ -15,6 +13,8 @@ from nmt_cli.options import (
     log_to_stderr,
     run_main,
 )
+from nmt.config import EvalConfig, ServeConfig, ServeIOConfig
+from nmt.deploy.serve import run_server
 
 
 def build_parser() -> ArgumentParser:

@@ -11,6 +11,15 @@ from collections.abc import Callable
 
 import torch
 
+from nmt.command import (
+    ArgumentParser,
+    add_config_arguments,
+    command_paths,
+    config_from_args,
+    config_values,
+    log_to_stderr,
+    run_main,
+)
 from nmt.config import (
     BatchingConfig,
     CheckpointConfig,
@@ -24,15 +33,6 @@ from nmt.config import (
 )
 from nmt.data import Manifest, load_manifest
 from nmt.data.spm import PAD_ID
-from nmt_cli.options import (
-    ArgumentParser,
-    add_config_arguments,
-    command_paths,
-    config_from_args,
-    config_values,
-    log_to_stderr,
-    run_main,
-)
 
 SECTIONS = (
     ("data", DataConfig, "data"),

@@ -3,7 +3,7 @@
 Every config is a plain dataclass of plain values (str, int, float, bool, tuples, lists, nested
 sections), so it can be saved into a checkpoint as a dict and loaded back with
 ``torch.load(weights_only=True)``. Each field carries its help text and choices (``opt``); the CLIs
-generate their options from the fields (``nmt_cli.options``), so a default, a choice or a help text
+generate their options from the fields (``nmt.command``), so a default, a choice or a help text
 lives in one place. Errors are ``ValueError`` naming the command-line option (``--max-len``),
 because that is what the user typed and what they have to change.
 """
@@ -16,10 +16,18 @@ import math
 import os
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# What an option's value can belong to (``opt(identity=...)``, computed by nmt.provenance): the parts
+# of a training run's identity, one per --reset-* flag that may accept a change in it
+# (nmt.train.checkpoint), and "data", what the bytes of the data a command generates depend on
+# (nmt-preprocess's shards, nmt-eval --output-dataset).
+RUN_IDENTITIES = ("vocabulary", "model", "batch sequence", "optimizer", "learning-rate schedule")
+IDENTITIES = (*RUN_IDENTITIES, "data")
 
 
 def opt(
@@ -36,6 +44,8 @@ def opt(
     default_factory: Any = dataclasses.MISSING,
     path: str | None = None,
     path_separator: str | None = None,
+    identity: str | None = None,
+    compare_as: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A config field with what its command-line option needs (help, choices, fairseq aliases).
 
@@ -45,7 +55,12 @@ def opt(
     ``path``: the option names a path, and what the command does there (``nmt.fileio.PATH_KINDS``:
     read it, or write a file, a dataset...); every command passes such options through one guard
     (``nmt.fileio.check_written_paths``). ``path_separator``: the value may list several paths.
+    ``identity``: what the option's value belongs to (``IDENTITIES``; None: neither), so that
+    resuming, generating data or merging shards compares it (``nmt.provenance``); ``compare_as``:
+    the value as compared (parsed: two spellings of one value are the same run).
     """
+    if identity is not None and identity not in IDENTITIES:
+        raise AssertionError(f"identity {identity!r} is none of {IDENTITIES}")
     metadata = {
         "help": help,
         "choices": choices,
@@ -57,6 +72,8 @@ def opt(
         "const": const,
         "path": path,
         "path_separator": path_separator,
+        "identity": identity,
+        "compare_as": compare_as,
     }
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)

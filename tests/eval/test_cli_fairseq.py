@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from nmt.checkpoint_io import atomic_torch_save, load_checkpoint
+from nmt.command import config_from_args
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.spm import BOS_ID, EOS_ID
 from nmt.eval import Translator
 from nmt_cli.eval import build_parser, main
-from nmt_cli.options import config_from_args
 
 
 def run(argv, *, capsys):

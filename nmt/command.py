@@ -1,5 +1,7 @@
-"""Command-line options generated from the typed configs: each default, choice and help text lives
-once, on its config field (``nmt.config.opt``), and the parser is built from it.
+"""What every command shares: its options generated from the typed configs (each default, choice
+and help text lives once, on its config field, ``nmt.config.opt``), the paths it was given marked for
+the output guard, its log format, and ``run_main``, which turns user errors into one line. The
+``cli/`` files only build their parsers from configs and call the library.
 
 A field ``max_tokens`` of a section stored under ``data.batching`` becomes ``--max-tokens`` with
 ``dest="data.batching.max_tokens"``; ``config_from_args`` rebuilds the nested dataclasses from the
@@ -55,8 +57,6 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        import sys
-
         words = list(sys.argv[1:] if args is None else args)
         sizes = {
             option: action.nargs
@@ -249,8 +249,6 @@ def run_main(
     (disk full, permission denied...); ``extra`` are further exception types the command reports
     the same way. Anything else is a bug and keeps its traceback.
     """
-    import sys
-
     from nmt.fileio import check_written_paths, describe_os_error
 
     try:
