@@ -43,6 +43,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
 
+from nmt.results import write_results  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(ROOT, "data", "multi30k")
 FAIRSEQ_PREPROCESS = StoredPeerFigure(
@@ -213,6 +215,7 @@ def main() -> None:
     parser.add_argument(
         "--keep", action="store_true", help="keep the datasets (data-given is kept always)"
     )
+    parser.add_argument("--results", help="also write the table as a results file (nmt.results)")
     args = parser.parse_args()
     steps = args.steps.split(",")
     os.makedirs(args.workdir, exist_ok=True)
@@ -388,7 +391,9 @@ def main() -> None:
     rates = {name: pairs / seconds for name, pairs, seconds, _, _ in rows}
     processes = [rate for name, rate in rates.items() if name.endswith("worker processes")]
     threads = [rate for name, rate in rates.items() if "--encoder threads" in name]
+    figures: dict = {"load": [round(x, 2) for x in load]}
     if processes and threads:
+        figures["processes_vs_threads"] = round(processes[0] / threads[0], 2)
         print(
             f"worker processes vs SentencePiece threads, wall clock: {processes[0] / threads[0]:.2f}x pairs/s"
         )
@@ -401,6 +406,16 @@ def main() -> None:
                 f"sharded parts vs {other}: {rates[name] / rates[other]:.2f}x pairs/s, "
                 f"{cpus[other] / cpus[name]:.2f}x fewer CPU-s"
             )
+    if args.results:
+        figures["table"] = {
+            "columns": ["step", "pairs", "seconds", "pairs/s", "CPU s", "pairs/CPU-s", "peak PSS"],
+            "rows": [
+                [name, f"{pairs:,}", f"{seconds:.1f}", f"{pairs / seconds:,.0f}", f"{cpu:.1f}"]
+                + [f"{pairs / cpu:,.0f}", f"{peak:.2f} GB"]
+                for name, pairs, seconds, cpu, peak in rows
+            ],
+        }
+        write_results(args.results, figures=figures)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
 
+from nmt.results import write_results  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "runs", "bench-data")
 # Not run here (fairseq 0.12.2 predates Python 3.11 and is no dependency): printed as its own row.
@@ -524,6 +526,7 @@ def main() -> None:
         default=1,
         help="nmt-train runs per tree and process count (alternating)",
     )
+    parser.add_argument("--results", help="also write the tables as a results file (nmt.results)")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ensure_data()
@@ -539,6 +542,7 @@ def main() -> None:
     print(
         f"\nMulti30k en-de, 3+3 x 256 (FFN 1024), --max-tokens 4096, fp32, {args.updates} timed updates each"
     )
+    published = []
     for title, rows in sections:
         plain = rows[0][1]  # each section starts with the plain loop measured its way
         print(f"\n{title}")
@@ -547,12 +551,35 @@ def main() -> None:
             pad = "" if np.isnan(padding) else f"{padding:.1%}"
             if np.isnan(tokens_per_s):
                 print(f"{name:<46} {'-':>10} {'-':>9} {pad:>8}  {note}")
+                published.append([title, name, "-", "-", pad, note])
                 continue
             print(
                 f"{name:<46} {tokens_per_s:>10,.0f} {tokens_per_s / plain:>8.2f}x {pad:>8}  {note}"
             )
+            published.append(
+                [title, name, f"{tokens_per_s:,.0f}", f"{tokens_per_s / plain:.2f}x", pad, note]
+            )
     print("vs plain: against the plain PyTorch loop measured in this run\n")
     print(*FAIRSEQ_TRAIN.lines(), sep="\n")
+    if args.results:
+        rates = {f"{title}: {name}": rate for title, rows in sections for name, rate, _, _ in rows}
+        write_results(
+            args.results,
+            figures={
+                "tokens_per_second": {k: v for k, v in rates.items() if not np.isnan(v)},
+                "table": {
+                    "columns": [
+                        "section",
+                        "configuration",
+                        "tgt tok/s",
+                        "vs plain",
+                        "padding",
+                        "note",
+                    ],
+                    "rows": published,
+                },
+            },
+        )
 
 
 if __name__ == "__main__":

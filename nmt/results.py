@@ -69,7 +69,7 @@ def _git(directory: str, *args: str) -> str:
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, cores, GPU (if torch sees one), torch and Python versions, OS."""
+    """CPU model, cores, GPU (if torch sees one), torch and Python versions, OS, load average."""
     info: dict[str, Any] = {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -77,6 +77,8 @@ def machine() -> dict[str, Any]:
         "torch": None,
         "python": platform.python_version(),
         "os": platform.platform(),
+        # Shared machines: the 1/5/15-minute load averages at the end of the measurement.
+        "load": [round(load, 2) for load in os.getloadavg()],
     }
     # Importing torch costs seconds; a benchmark that already did pays nothing here.
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
