@@ -135,41 +135,55 @@ LANG_TOK_PLACEMENTS = ("encoder", "decoder")  # where a multilingual model reads
 class PreprocessConfig:
     destdir: str = opt(help="output directory of the dataset", path="dataset")
     source_lang: str = opt(
-        "", "source language suffix of the text files (or --lang-pairs)", aliases=("-s",)
+        "",
+        "source language suffix of the text files (or --lang-pairs)",
+        aliases=("-s",),
+        identity="data",
     )
     target_lang: str = opt(
         "",
         "target language suffix of the text files (none with --only-source or --lang-pairs)",
         aliases=("-t",),
+        identity="data",
     )
     only_source: bool = opt(
         False,
         "a monolingual dataset of the --source-lang text of --trainpref (fairseq's flag), encoded with "
         "--spm-model: one token file that both sides of the manifest name (back-translate it with "
         "nmt-eval --output-dataset)",
+        identity="data",
     )
     lang_pairs: str | None = opt(
         None,
         "multilingual: directions SRC-TGT, comma-separated (en-de,de-en,en-fr); reads PREFIX.LANG "
         "(multi-way files) or PREFIX.SRC-TGT.LANG (per-pair files); one joint SentencePiece, each "
         "language side encoded once",
+        identity="data",
     )
     spm_lang_temperature: float = opt(
         5.0,
         "--lang-pairs: SentencePiece's sample takes from each language in proportion to its "
         "sentences^(1/T), so a small language still gets its pieces (1: by size)",
+        identity="data",
     )
     trainpref: list[str] = opt(
         default_factory=list,
         required=True,
         help="P reads P.SRC/P.TGT (or .gz, .xz, .zst); comma-separate or repeat for several corpora",
         path="prefix",
+        identity="data",
     )
     validpref: list[str] = opt(
-        default_factory=list, help="never filtered; comma-separate or repeat", path="prefix"
+        default_factory=list,
+        help="never filtered; comma-separate or repeat",
+        path="prefix",
+        identity="data",
     )
     testpref: list[str] = opt(
-        default_factory=list, help="never filtered; comma-separate or repeat", path="prefix"
+        default_factory=list,
+        help="never filtered; comma-separate or repeat",
+        path="prefix",
+        identity="data",
     )
     spm_model: str | None = opt(
         None,
@@ -177,20 +191,30 @@ class PreprocessConfig:
         "(e.g. the ones nmt-import wrote)",
         path="read",
         path_separator=",",
+        identity="data",
     )
-    spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size")
-    spm_model_type: str = opt("unigram", "SentencePiece algorithm", choices=("unigram", "bpe"))
-    separate_vocab: bool = opt(False, "one SentencePiece model per language")
-    spm_character_coverage: float = opt(1.0, "SentencePiece character coverage")
+    spm_vocab_size: int = opt(8000, "SentencePiece vocabulary size", identity="data")
+    spm_model_type: str = opt(
+        "unigram", "SentencePiece algorithm", choices=("unigram", "bpe"), identity="data"
+    )
+    separate_vocab: bool = opt(False, "one SentencePiece model per language", identity="data")
+    spm_character_coverage: float = opt(1.0, "SentencePiece character coverage", identity="data")
     spm_sample_size: int = opt(
         500_000,
         "sentences SentencePiece is trained on: a uniform sample (reservoir, from --seed) of the training text; "
         "its training takes ~25 bytes of memory per sampled character",
+        identity="data",
     )
-    max_len: int = opt(256, "drop training pairs with a side longer than this (tokens incl. EOS)")
-    min_len: int = opt(1, "drop training pairs with a side shorter than this (pieces)")
+    max_len: int = opt(
+        256, "drop training pairs with a side longer than this (tokens incl. EOS)", identity="data"
+    )
+    min_len: int = opt(
+        1, "drop training pairs with a side shorter than this (pieces)", identity="data"
+    )
     max_len_ratio: float = opt(
-        3.0, "drop training pairs whose longer side exceeds this ratio to the shorter"
+        3.0,
+        "drop training pairs whose longer side exceeds this ratio to the shorter",
+        identity="data",
     )
     workers: int = opt(
         0, "encoding processes or threads (0: all cores); the output is identical for any value"
@@ -199,18 +223,24 @@ class PreprocessConfig:
         "processes",
         "processes: forked workers, each doing all of a chunk's work (measured faster); threads: SentencePiece's own threads in one process",
         choices=("processes", "threads"),
+        identity="data",
     )
     skip_invalid: bool = opt(
-        False, "drop (train) or repair (valid/test) lines that are not UTF-8, and count them"
+        False,
+        "drop (train) or repair (valid/test) lines that are not UTF-8, and count them",
+        identity="data",
     )
     overwrite: bool = opt(False, "replace an existing non-empty --destdir")
-    seed: int = opt(1, "seed of the SentencePiece training sample")
+    seed: int = opt(1, "seed of the SentencePiece training sample", identity="data")
     dedup: bool = opt(
-        False, "drop training pairs that repeat an earlier pair exactly (64-bit hashes; counted)"
+        False,
+        "drop training pairs that repeat an earlier pair exactly (64-bit hashes; counted)",
+        identity="data",
     )
     num_shards: int = opt(
         1,
         "encode the training text in this many parts, one per run (under torchrun: one per rank, set by itself)",
+        identity="data",
     )
     shard_id: int = opt(0, "which part this run encodes, 0 <= --shard-id < --num-shards")
     merge_parts: bool = opt(
@@ -358,37 +388,43 @@ class ModelConfig:
     given.
     """
 
-    src_vocab_size: int = opt(8000, cli=False)
-    tgt_vocab_size: int = opt(8000, cli=False)
-    pad_id: int = opt(0, cli=False)
-    encoder_layers: int = opt(3)
-    decoder_layers: int = opt(3)
-    encoder_embed_dim: int = opt(128)
-    decoder_embed_dim: int = opt(128)
-    encoder_ffn_embed_dim: int = opt(512)
-    decoder_ffn_embed_dim: int = opt(512)
-    encoder_attention_heads: int = opt(4)
-    decoder_attention_heads: int = opt(4)
+    src_vocab_size: int = opt(8000, cli=False, identity="model")
+    tgt_vocab_size: int = opt(8000, cli=False, identity="model")
+    pad_id: int = opt(0, cli=False, identity="model")
+    encoder_layers: int = opt(3, identity="model")
+    decoder_layers: int = opt(3, identity="model")
+    encoder_embed_dim: int = opt(128, identity="model")
+    decoder_embed_dim: int = opt(128, identity="model")
+    encoder_ffn_embed_dim: int = opt(512, identity="model")
+    decoder_ffn_embed_dim: int = opt(512, identity="model")
+    encoder_attention_heads: int = opt(4, identity="model")
+    decoder_attention_heads: int = opt(4, identity="model")
     dropout: float = opt(0.1)
     attention_dropout: float = opt(0.0)
     activation_dropout: float = opt(0.0)
-    activation_fn: str = opt("relu", choices=("relu", "gelu", "swish"))
+    activation_fn: str = opt("relu", choices=("relu", "gelu", "swish"), identity="model")
     encoder_normalize_before: bool = opt(
-        False, "layer norm before each encoder sublayer (pre-norm)"
+        False, "layer norm before each encoder sublayer (pre-norm)", identity="model"
     )
     decoder_normalize_before: bool = opt(
-        False, "layer norm before each decoder sublayer (pre-norm)"
+        False, "layer norm before each decoder sublayer (pre-norm)", identity="model"
     )
-    encoder_learned_pos: bool = opt(False, "learned instead of sinusoidal encoder positions")
-    decoder_learned_pos: bool = opt(False, "learned instead of sinusoidal decoder positions")
-    max_source_positions: int = opt(1024)
-    max_target_positions: int = opt(1024)
-    no_scale_embedding: bool = opt(False, "do not scale embeddings by sqrt(dim)")
+    encoder_learned_pos: bool = opt(
+        False, "learned instead of sinusoidal encoder positions", identity="model"
+    )
+    decoder_learned_pos: bool = opt(
+        False, "learned instead of sinusoidal decoder positions", identity="model"
+    )
+    max_source_positions: int = opt(1024, identity="model")
+    max_target_positions: int = opt(1024, identity="model")
+    no_scale_embedding: bool = opt(False, "do not scale embeddings by sqrt(dim)", identity="model")
     share_all_embeddings: bool = opt(
-        True, "one embedding for encoder input, decoder input and output (joint vocabulary)"
+        True,
+        "one embedding for encoder input, decoder input and output (joint vocabulary)",
+        identity="model",
     )
     share_decoder_input_output_embed: bool = opt(
-        True, "tie the decoder's input embedding and output projection"
+        True, "tie the decoder's input embedding and output projection", identity="model"
     )
     attention: str = opt(
         "auto",
@@ -400,11 +436,16 @@ class ModelConfig:
         "frequencies of the sinusoidal positions: fairseq's, or Marian's (transformers' MarianMT "
         "computes that table itself, so nmt-export --format huggingface needs to store none)",
         choices=("fairseq", "marian"),
+        identity="model",
     )
     # Set by nmt-import only (nmt.deploy): what a foreign model needs to compute exactly what it did.
-    position_offset: int = opt(0, cli=False)  # fairseq's sinusoids start at position pad + 1 = 2
-    output_bias: bool = opt(False, cli=False)  # Marian's final_logits_bias
-    decoder_start_id: int | None = opt(None, cli=False)  # fairseq decoders start from EOS, not BOS
+    position_offset: int = opt(
+        0, cli=False, identity="model"
+    )  # fairseq's sinusoids start at position pad + 1 = 2
+    output_bias: bool = opt(False, cli=False, identity="model")  # Marian's final_logits_bias
+    decoder_start_id: int | None = opt(
+        None, cli=False, identity="model"
+    )  # fairseq decoders start from EOS, not BOS
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -519,32 +560,58 @@ class BatchingConfig:
 
     # 2048: Multi30k val BLEU after 8 CPU minutes 15.3 against 6.5 at 4096 (examples/multi30k); raise it for big data and GPUs.
     max_tokens: int = opt(
-        2048, "token budget per batch, padding included (packed: real tokens per side)"
+        2048,
+        "token budget per batch, padding included (packed: real tokens per side)",
+        identity="batch sequence",
     )
-    max_sentences: int | None = opt(None, "sentences per batch at most", aliases=("--batch-size",))
+    max_sentences: int | None = opt(
+        None, "sentences per batch at most", aliases=("--batch-size",), identity="batch sequence"
+    )
     required_batch_size_multiple: int = opt(
-        1, "round batch sizes down to a multiple of this (when they hold that many)"
+        1,
+        "round batch sizes down to a multiple of this (when they hold that many)",
+        identity="batch sequence",
     )
-    update_freq: int = opt(1, "accumulate this many batches per update (per rank)")
-    batch_noise: float = opt(0.1, "length noise ratio in [0, 1); 0 gives a fixed sorted order")
+    update_freq: int = opt(
+        1, "accumulate this many batches per update (per rank)", identity="batch sequence"
+    )
+    batch_noise: float = opt(
+        0.1, "length noise ratio in [0, 1); 0 gives a fixed sorted order", identity="batch sequence"
+    )
     noise_mode: str = opt(
         "ties",
         "ties: shuffle equal lengths; length: multiply lengths by uniform noise",
         choices=("ties", "length"),
+        identity="batch sequence",
     )
-    layout: str = opt("packed", "packed (padding removed), or padded", choices=("padded", "packed"))
+    layout: str = opt(
+        "packed",
+        "packed (padding removed), or padded",
+        choices=("padded", "packed"),
+        identity="batch sequence",
+    )
     max_tokens_per_microbatch: int | None = opt(
-        None, "split larger batches into balanced micro-batches under this cap"
+        None,
+        "split larger batches into balanced micro-batches under this cap",
+        identity="batch sequence",
     )
-    length_multiple: int = opt(8, "length bucket size of the static shapes under --compile")
+    length_multiple: int = opt(
+        8, "length bucket size of the static shapes under --compile", identity="batch sequence"
+    )
     curriculum_epochs: int = opt(
-        0, "epochs run in order of increasing difficulty (with --curriculum)"
+        0,
+        "epochs run in order of increasing difficulty (with --curriculum)",
+        identity="batch sequence",
     )
-    curriculum_bins: int = opt(10, "difficulty bins a curriculum batch never crosses")
+    curriculum_bins: int = opt(
+        10, "difficulty bins a curriculum batch never crosses", identity="batch sequence"
+    )
     competence_updates: int = opt(
-        0, "square-root competence: all data eligible from this update (0: off)"
+        0,
+        "square-root competence: all data eligible from this update (0: off)",
+        identity="batch sequence",
     )
-    competence_initial: float = opt(0.1, "competence at update 0")
+    competence_initial: float = opt(0.1, "competence at update 0", identity="batch sequence")
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -635,6 +702,11 @@ def parse_direction_factors(text: str) -> dict[str, float]:
     return factors
 
 
+def upsample_factors(text: str | None) -> dict[str, float]:
+    """--upsample-directions as {pair: factor} (empty: every direction keeps its weight)."""
+    return {} if text is None else parse_direction_factors(text)
+
+
 @dataclass
 class DataConfig:
     """What the training-data plan is built from: the corpora, their blend, the difficulty, the batching."""
@@ -653,34 +725,42 @@ class DataConfig:
         ("train",),
         "training split(s), comma-separated: several are blended by weight",
         aliases=("--train-subset",),
+        identity="batch sequence",
     )
     valid_subset: str = opt("valid", "validation split")
     subset_weights: tuple[float, ...] | None = opt(
-        None, "comma-separated weights, one per --train-subsets entry"
+        None, "comma-separated weights, one per --train-subsets entry", identity="batch sequence"
     )
     sampling_temperature: float = opt(
         0.0,
         "weights proportional to size^(1/T) (0: to size); over the directions of a multilingual dataset too",
+        identity="batch sequence",
     )
     upsample_directions: str | None = opt(
         None,
         "multilingual datasets: PAIR:FACTOR,... multiplies those directions' sampling weights (by "
         "size or --sampling-temperature), e.g. en-de:2,en-fr:2; unlisted directions keep 1",
         metavar="PAIR:FACTOR,...",
+        identity="batch sequence",
+        compare_as=upsample_factors,
     )
     lang_tok: str = opt(
         "encoder",
         "multilingual datasets: where the target-language tag <2xx> goes: encoder (first source "
         "token) or decoder (first target token, forced at inference); stored in the checkpoint",
         choices=LANG_TOK_PLACEMENTS,
+        identity="vocabulary",
     )
-    epoch_samples: int = opt(0, "samples per epoch of the blend (0: the sum of corpus sizes)")
+    epoch_samples: int = opt(
+        0, "samples per epoch of the blend (0: the sum of corpus sizes)", identity="batch sequence"
+    )
     curriculum: str | None = opt(
         None,
         "difficulty order: length; file:PATH with one score per training line (one file per "
         "--train-subsets entry, comma-separated); or model:CHECKPOINT (each pair scored by that model's loss)",
         path="read",
         path_separator=",",
+        identity="batch sequence",
     )
     num_workers: int = opt(0, "data-loading worker processes")
     verify_data: bool = opt(
@@ -738,11 +818,7 @@ class DataConfig:
     @functools.cached_property
     def direction_factors(self) -> dict[str, float]:
         """--upsample-directions as {pair: factor} (empty: every direction keeps its weight)."""
-        return (
-            {}
-            if self.upsample_directions is None
-            else parse_direction_factors(self.upsample_directions)
-        )
+        return upsample_factors(self.upsample_directions)
 
     @functools.cached_property
     def curriculum_spec(self) -> Curriculum | None:
@@ -763,31 +839,49 @@ class OptimConfig:
         choices=("label_smoothed_cross_entropy",),
     )
     optimizer: str = opt(
-        "adam", "Adam with decoupled weight decay (AdamW, as fairseq's adam)", choices=("adam",)
+        "adam",
+        "Adam with decoupled weight decay (AdamW, as fairseq's adam)",
+        choices=("adam",),
+        identity="optimizer",
     )
-    lr: float = opt(2e-3, "peak learning rate")
-    adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2")
-    adam_eps: float = opt(1e-8)
-    weight_decay: float = opt(0.0, "decoupled weight decay (AdamW), as fairseq's --weight-decay")
+    lr: float = opt(2e-3, "peak learning rate", identity="learning-rate schedule")
+    adam_betas: tuple[float, float] = opt((0.9, 0.98), "Adam's beta1 beta2", identity="optimizer")
+    adam_eps: float = opt(1e-8, identity="optimizer")
+    weight_decay: float = opt(
+        0.0, "decoupled weight decay (AdamW), as fairseq's --weight-decay", identity="optimizer"
+    )
     clip_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     label_smoothing: float = opt(0.1)
     lr_scheduler: str = opt(
         "inverse_sqrt",
         "cosine: down to --min-lr at --max-update or --stop-time-hours, whichever comes first",
         choices=("inverse_sqrt", "fixed", "cosine"),
+        identity="learning-rate schedule",
     )
     warmup_updates: int = opt(
-        300, "linear warm-up from --warmup-init-lr to --lr over this many updates"
+        300,
+        "linear warm-up from --warmup-init-lr to --lr over this many updates",
+        identity="learning-rate schedule",
     )
-    warmup_init_lr: float = opt(1e-7)
-    min_lr: float = opt(0.0, "floor of the cosine schedule")
+    warmup_init_lr: float = opt(1e-7, identity="learning-rate schedule")
+    min_lr: float = opt(0.0, "floor of the cosine schedule", identity="learning-rate schedule")
     lr_scaling: str = opt(
-        "none", "scale the lr with the update's batch size", choices=("none", "linear", "sqrt")
+        "none",
+        "scale the lr with the update's batch size",
+        choices=("none", "linear", "sqrt"),
+        identity="learning-rate schedule",
     )
     lr_scaling_reference: float = opt(
-        0.0, "batch size at which the scale is 1 (0: the first update's)"
+        0.0,
+        "batch size at which the scale is 1 (0: the first update's)",
+        identity="learning-rate schedule",
     )
-    lr_scaling_by: str = opt("tokens", "batch size counted in", choices=("sentences", "tokens"))
+    lr_scaling_by: str = opt(
+        "tokens",
+        "batch size counted in",
+        choices=("sentences", "tokens"),
+        identity="learning-rate schedule",
+    )
     max_consecutive_nonfinite: int = opt(
         5, "stop after this many updates in a row with a non-finite loss or gradient"
     )
@@ -967,7 +1061,9 @@ class RunConfig:
         "torch.compile each layer class once (every layer reuses it), training only; packed "
         "batches' token count dynamic, padded lengths bucketed; warmed up at start-up",
     )
-    seed: int = opt(1, "seed of the weights, the batch order and dropout")
+    seed: int = opt(
+        1, "seed of the weights, the batch order and dropout", identity="batch sequence"
+    )
     max_update: int = opt(0, "stop after this many updates (0: no limit)")
     max_epoch: int = opt(0, "stop after this many epochs (0: no limit)")
     stop_time_hours: float = opt(
@@ -1024,33 +1120,45 @@ class TrainConfig:
 class EvalConfig:
     """How to decode (fairseq-generate's flag names); the data, checkpoint and file options stay in the CLI."""
 
-    beam: int = opt(5, "beam size; 1 decodes greedily; with --sampling, samples per sentence")
-    nbest: int = opt(1, "translations per sentence")
-    lenpen: float = opt(1.0, "score / length ** lenpen")
-    max_len_a: float = opt(1.2, "generate at most a * source length + b tokens")
-    max_len_b: int = opt(10, "generate at most a * source length + b tokens")
+    beam: int = opt(
+        5, "beam size; 1 decodes greedily; with --sampling, samples per sentence", identity="data"
+    )
+    nbest: int = opt(1, "translations per sentence", identity="data")
+    lenpen: float = opt(1.0, "score / length ** lenpen", identity="data")
+    max_len_a: float = opt(1.2, "generate at most a * source length + b tokens", identity="data")
+    max_len_b: int = opt(10, "generate at most a * source length + b tokens", identity="data")
     # fairseq's default: EOS is not allowed as the first token (no empty output)
-    min_len: int = opt(1, "generate at least this many tokens")
-    no_repeat_ngram_size: int = opt(0, "never repeat an n-gram of this size (0: off)")
-    sampling: bool = opt(False, "sample instead of beam search")
-    temperature: float = opt(1.0, "sampling temperature")
+    min_len: int = opt(1, "generate at least this many tokens", identity="data")
+    no_repeat_ngram_size: int = opt(
+        0, "never repeat an n-gram of this size (0: off)", identity="data"
+    )
+    sampling: bool = opt(False, "sample instead of beam search", identity="data")
+    temperature: float = opt(1.0, "sampling temperature", identity="data")
     topk: int = opt(
-        0, "sample from the k most likely tokens (0: all)", aliases=("--sampling-topk",)
+        0,
+        "sample from the k most likely tokens (0: all)",
+        aliases=("--sampling-topk",),
+        identity="data",
     )
     topp: float = opt(
-        1.0, "sample from the smallest set with probability >= p", aliases=("--sampling-topp",)
+        1.0,
+        "sample from the smallest set with probability >= p",
+        aliases=("--sampling-topp",),
+        identity="data",
     )
-    seed: int = opt(1, "sampling seed")
+    seed: int = opt(1, "sampling seed", identity="data")
     batch_size: int | None = opt(
         None,
         "sentences per batch (default 64 unless --max-tokens is given)",
         aliases=("--max-sentences",),
+        identity="data",
     )
-    max_tokens: int | None = opt(None, "source tokens per batch, padding included")
+    max_tokens: int | None = opt(None, "source tokens per batch, padding included", identity="data")
     buffer_size: int | None = opt(
         None,
         "raw-text lines read, translated and written at a time (default: 4096, or 1 when stdin is a "
         "terminal: with 1, each line's translation is printed as soon as it is ready)",
+        identity="data",
     )
 
     def __post_init__(self) -> None:
@@ -1122,7 +1230,9 @@ class EvalIOConfig:
     average_last: int | None = opt(
         None, "average the N newest numbered checkpoints in the save dir --path", metavar="N"
     )
-    split: str = opt("test", "split of DATA_DIR to translate", aliases=("--gen-subset",))
+    split: str = opt(
+        "test", "split of DATA_DIR to translate", aliases=("--gen-subset",), identity="data"
+    )
     source_lang: str | None = opt(
         None,
         "a multilingual model's source language (with -t: the direction; without both on a "
@@ -1209,20 +1319,24 @@ class EvalIOConfig:
         "monolingual text is the target) or target (forward translation, self-training: the "
         "monolingual text is the source)",
         choices=("source", "target"),
+        identity="data",
     )
     tag_source: bool = opt(
         False,
         "--output-dataset: the <bt> tag before every synthetic source (tagged back-translation)",
+        identity="data",
     )
     source_noise: bool = opt(
         False,
         "--output-dataset: noise the synthetic sources (Edunov et al. 2018: words dropped and "
         "replaced by UNK with p=0.1 each, shuffled within 3 positions)",
+        identity="data",
     )
     max_len_ratio: float = opt(
         3.0,
         "--output-dataset: leave out pairs whose longer side exceeds this ratio to the shorter "
         "(tokens; 0: keep all), counted in the manifest",
+        identity="data",
     )
     overwrite: bool = opt(
         False,
@@ -1232,6 +1346,7 @@ class EvalIOConfig:
         2048,
         "--output-dataset: sentences per chunk, the unit of resuming and of the ranks' shares (each "
         "chunk samples from its own seed)",
+        identity="data",
     )
 
     def __post_init__(self) -> None:
