@@ -751,6 +751,12 @@ class DataConfig:
         choices=LANG_TOK_PLACEMENTS,
         identity="vocabulary",
     )
+    term_annotation_rate: float = opt(
+        0.0,
+        "share of training sources (drawn anew each epoch) given 1-2 phrases of their reference "
+        "after the <term> tag, so that the model learns to follow glossary terms (0: off)",
+        identity="batch sequence",
+    )
     epoch_samples: int = opt(
         0, "samples per epoch of the blend (0: the sum of corpus sizes)", identity="batch sequence"
     )
@@ -809,6 +815,11 @@ class DataConfig:
                 f"got {len(curriculum.paths)}",
             )
         _require(self.num_workers >= 0, "num_workers", "must be >= 0")
+        _require(
+            0.0 <= self.term_annotation_rate <= 1.0,
+            "term_annotation_rate",
+            f"must be in [0, 1], got {self.term_annotation_rate}",
+        )
         _require(
             self.batching.competence_updates == 0 or self.curriculum is not None,
             "competence_updates",

@@ -48,6 +48,7 @@ from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
 from nmt.data.spm import BOS_ID, PAD_ID
 from nmt.data.subsets import open_subset
+from nmt.data.terminology import MAX_ADDED_TOKENS, TermAnnotatedCorpus, TermAnnotation
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class EpochInfo:
 
 @dataclass
 class EpochBatches:
-    dataset: ParallelCorpus | BlendedCorpus
+    dataset: ParallelCorpus | BlendedCorpus | TermAnnotatedCorpus
     difficulty: np.ndarray | None  # (len(dataset),) per sample of the epoch's dataset
     rank_batches: Batches
     update_tokens: np.ndarray  # (num_updates,) global target tokens per update
@@ -224,13 +225,19 @@ class TrainingDataPlan:
                 )
         self._check_positions()
         self._report_long_valid_pairs()
+        # --term-annotation-rate: training sources only (validation measures plain input).
+        self.terms = (
+            TermAnnotation.for_dataset(self.manifest, cfg.term_annotation_rate)
+            if cfg.term_annotation_rate
+            else None
+        )
         # Padded static shapes round every sample up; packed ones round the batch total instead.
         self.length_multiple = (
             self.batching.length_multiple if static_shapes and not self.batching.packed else 1
         )
         self.static = (
             StaticShapes.for_data(
-                self.longest,
+                self.longest + (MAX_ADDED_TOKENS if self.terms is not None else 0),
                 max_tokens=self.batching.max_tokens,
                 length_multiple=self.batching.length_multiple,
                 max_sentences=self.batching.max_sentences,
@@ -317,11 +324,18 @@ class TrainingDataPlan:
     # ----------------------------------------------------------------------------- one epoch
     def _prepare(self) -> EpochBatches:
         if self.blend is None:
-            dataset: ParallelCorpus | BlendedCorpus = self.corpora[0]
+            dataset: ParallelCorpus | BlendedCorpus | TermAnnotatedCorpus = self.corpora[0]
             difficulty = self.difficulty
         else:
             dataset = BlendedCorpus(self.corpora, *self.blend.get(self.epoch_index))
             difficulty = None if self.difficulty is None else self.difficulty[dataset.flat_ids]
+        if self.terms is not None:
+            dataset = self.terms.corpus(
+                dataset,
+                seed=self.seed,
+                epoch=self.epoch_index,
+                max_source_len=None if self.max_positions is None else self.max_positions[0],
+            )
         src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
         per_update = self.world_size * self.batching.update_freq
         batches = global_batches(
@@ -357,8 +371,13 @@ class TrainingDataPlan:
         """Prepare the current epoch (the next blend is then built in the background)."""
         epoch = self.current
         counts: dict[str, int] = {}
-        if isinstance(epoch.dataset, BlendedCorpus):
-            samples, tokens = epoch.dataset.per_corpus_counts()
+        blend = (
+            epoch.dataset.corpus
+            if isinstance(epoch.dataset, TermAnnotatedCorpus)
+            else epoch.dataset
+        )
+        if isinstance(blend, BlendedCorpus):
+            samples, tokens = blend.per_corpus_counts()
             for name, num_samples, num_tokens in zip(self.corpus_names, samples, tokens):
                 counts[f"{name}_samples"], counts[f"{name}_tokens"] = (
                     int(num_samples),

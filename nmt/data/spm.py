@@ -25,8 +25,10 @@ SPECIAL_IDS = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
 # Tags: pieces reserved in every vocabulary nmt-preprocess trains, as SentencePiece control symbols,
 # so text never encodes to one (a tag typed inside a sentence stays text) and decoding drops them
 # (never in any output); they enter a sequence by id only. ``<2xx>``: "into language xx", one per
-# language of the dataset (multilingual models); ``<bt>``: a synthetic (back-translated) source.
+# language of the dataset (multilingual models); ``<bt>``: a synthetic (back-translated) source;
+# ``<term>``: a target term follows in the source (``nmt.data.terminology``).
 BT_TAG = "<bt>"
+TERM_TAG = "<term>"
 
 
 def language_tag(lang: str) -> str:
@@ -35,7 +37,7 @@ def language_tag(lang: str) -> str:
 
 def reserved_tags(languages: Iterable[str]) -> list[str]:
     """The tags a vocabulary over ``languages`` reserves, in id order."""
-    return [language_tag(lang) for lang in sorted(set(languages))] + [BT_TAG]
+    return [language_tag(lang) for lang in sorted(set(languages))] + [BT_TAG, TERM_TAG]
 
 
 def train_model(
