@@ -1,0 +1,261 @@
+"""Regenerate the figures README.md and examples/*/README.md publish from the results files.
+
+    python scripts/published.py            # rewrite every marked block from results/*.json
+    python scripts/published.py --check    # change nothing; exit 1 naming each block that differs
+
+A README marks what it publishes; the text between the markers is generated, never typed:
+
+    <!-- results:NAME -->
+    (a table: figures.table of results/NAME.json, then where, when and how it was measured)
+    <!-- /results:NAME -->
+
+    ... BLEU <!-- figure:NAME:KEY -->33.47<!-- /figure --> after ...     (one figure, inline)
+
+KEY is a dotted path into the results file's figures (``by_update.2.bleu``: list items by
+position), with an optional ``:FORMAT`` (Python's, e.g. ``.3f``; default: integers with thousands
+separators, other numbers with 2 decimals), or ``bootstrap-METRIC:BASELINE:SYSTEM``: the paired
+bootstrap p-value (sacreBLEU's, 1,000 resamples, its fixed seed) of SYSTEM against BASELINE, both
+hypothesis files the results file names, scored against its ``reference`` file; METRIC is ``bleu``
+or ``chrf``. So a "beats" claim is recomputed from the saved hypotheses each time, never copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from nmt.results import Results, read_results  # noqa: E402
+
+BLOCK = re.compile(
+    r"<!-- results:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.DOTALL
+)
+OPENING = re.compile(r"<!-- results:([\w.-]+) -->")
+FIGURE = re.compile(
+    r"<!-- figure:(?P<name>[\w.-]+):(?P<key>[^>]*?) -->(?P<text>.*?)<!-- /figure -->"
+)
+BOOTSTRAP_SAMPLES = 1000
+
+
+def published_files(root: str) -> list[str]:
+    """README.md and each example's README.md, relative to ``root``."""
+    examples = os.path.join(root, "examples")
+    names = sorted(
+        os.path.join("examples", entry, "README.md")
+        for entry in (os.listdir(examples) if os.path.isdir(examples) else [])
+        if os.path.isfile(os.path.join(examples, entry, "README.md"))
+    )
+    return ["README.md", *names]
+
+
+@dataclass(frozen=True)
+class Difference:
+    file: str
+    line: int
+    what: str  # "results:NAME" or "figure:NAME:KEY"
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.what} differs from its results file"
+
+
+def regenerate(root: str, *, write: bool) -> list[Difference]:
+    """Every marked block and figure of the published files whose text is not what its results
+    file gives; with ``write``, those files are rewritten with the generated text."""
+    load = functools.cache(lambda name: _load(root, name))
+    differences = []
+    for file in published_files(root):
+        path = os.path.join(root, file)
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        _check_blocks_closed(file, text)
+        new, found = _substitute(file, text, load)
+        differences += found
+        if write and new != text:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(new)
+    return differences
+
+
+def _check_blocks_closed(file: str, text: str) -> None:
+    closed = {match.start() for match in BLOCK.finditer(text)}
+    for match in OPENING.finditer(text):
+        if match.start() not in closed:
+            line = text.count("\n", 0, match.start()) + 1
+            raise ValueError(
+                f"{file}:{line}: <!-- results:{match[1]} --> has no <!-- /results:{match[1]} --> after it"
+            )
+
+
+def _substitute(
+    file: str, text: str, load: Callable[[str], Results]
+) -> tuple[str, list[Difference]]:
+    differences: list[Difference] = []
+
+    def figure(match: re.Match, line: int) -> str:
+        results = _located(file, line, load, match["name"])
+        try:
+            value = render_figure(results, match["key"])
+        except ValueError as error:
+            raise ValueError(f"{file}:{line}: {error}") from None
+        if value != match["text"]:
+            differences.append(Difference(file, line, f"figure:{match['name']}:{match['key']}"))
+        return f"<!-- figure:{match['name']}:{match['key']} -->{value}<!-- /figure -->"
+
+    def block(match: re.Match, line: int) -> str:
+        body = render_block(_located(file, line, load, match["name"]))
+        if body != match["body"]:
+            differences.append(Difference(file, line, f"results:{match['name']}"))
+        return f"<!-- results:{match['name']} -->\n{body}<!-- /results:{match['name']} -->"
+
+    text = _replace(FIGURE, figure, text)
+    return _replace(BLOCK, block, text), differences
+
+
+def _replace(pattern: re.Pattern, render: Callable[[re.Match, int], str], text: str) -> str:
+    """``pattern.sub`` with each match's line number (of ``text``) given to ``render``."""
+    return pattern.sub(lambda match: render(match, text.count("\n", 0, match.start()) + 1), text)
+
+
+def _located(file: str, line: int, load: Callable[[str], Results], name: str) -> Results:
+    try:
+        return load(name)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{file}:{line}: {error}") from None
+
+
+def _load(root: str, name: str) -> Results:
+    path = os.path.join(root, "results", f"{name}.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"results/{name}.json: no such results file")
+    return read_results(path)
+
+
+def render_block(results: Results) -> str:
+    """The table of ``figures.table`` and one line of provenance, each line ending in a newline."""
+    table = results.figures.get("table")
+    if not isinstance(table, dict) or "columns" not in table or "rows" not in table:
+        raise ValueError(f"{results.path}: figures.table with columns and rows expected")
+    lines = [
+        _row(table["columns"]),
+        _row(["---"] * len(table["columns"])),
+        *(_row(row) for row in table["rows"]),
+        "",
+        provenance(results),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _row(cells: list[Any]) -> str:
+    return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+
+def provenance(results: Results) -> str:
+    machine = results.machine
+    gpu = f", {machine['gpu']}" if machine.get("gpu") else ""
+    load = "/".join(str(x) for x in machine.get("load", [])) or "not recorded"
+    name = os.path.basename(results.path)
+    return (
+        f"Measured {results.date[:10]} at revision {results.revision[:12]} on {machine.get('cpu')} "
+        f"({machine.get('cores')} cores{gpu}), torch {machine.get('torch')}, load {load}: "
+        f"`{shlex.join(results.command)}` (`results/{name}`; `python scripts/published.py` "
+        "regenerates this table)."
+    )
+
+
+def render_figure(results: Results, key: str) -> str:
+    """The text of one inline figure: ``KEY[:FORMAT]`` or ``bootstrap-METRIC:BASELINE:SYSTEM``."""
+    if key.startswith("bootstrap-"):
+        metric, _, systems = key[len("bootstrap-") :].partition(":")
+        baseline, _, system = systems.partition(":")
+        return f"{paired_bootstrap_p(results, metric, baseline, system):.3f}"
+    path, _, spec = key.partition(":")
+    value = lookup(results, path)
+    if spec:
+        return format(value, spec)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+
+
+def lookup(results: Results, path: str) -> Any:
+    value: Any = results.figures
+    for part in path.split("."):
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            raise ValueError(f"{results.path}: no figure {path!r}")
+    return value
+
+
+def paired_bootstrap_p(results: Results, metric: str, baseline: str, system: str) -> float:
+    """sacreBLEU's paired bootstrap p-value of ``system`` against ``baseline`` on ``metric``."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    metrics = {"bleu": BLEU, "chrf": CHRF}
+    if metric not in metrics:
+        raise ValueError(f"bootstrap metric {metric!r}: bleu or chrf expected")
+    texts = {name: _lines(results, name) for name in ("reference", baseline, system)}
+    for name in (baseline, system):
+        if len(texts[name]) != len(texts["reference"]):
+            raise ValueError(
+                f"{results.hypothesis_path(name)}: {len(texts[name])} lines, the reference has "
+                f"{len(texts['reference'])}"
+            )
+    test = PairedTest(
+        [(baseline, texts[baseline]), (system, texts[system])],
+        {metric: metrics[metric]()},
+        references=[texts["reference"]],
+        test_type="bs",
+        n_samples=BOOTSTRAP_SAMPLES,
+    )
+    _, scores = test()
+    (column,) = (values for name, values in scores.items() if name != "System")
+    return float(column[1].p_value)  # [0] is the baseline's own row
+
+
+def _lines(results: Results, name: str) -> list[str]:
+    path = results.hypothesis_path(name)
+    try:
+        with open(path, encoding="utf-8", newline="\n") as handle:
+            return handle.read().split("\n")[:-1]  # one sentence per line: split on \n only
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="published.py", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 naming each block that differs"
+    )
+    parser.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        differences = regenerate(args.root, write=not args.check)
+    except (ValueError, OSError) as error:
+        print(f"published.py: error: {error}", file=sys.stderr)
+        return 1
+    for difference in differences:
+        print(
+            difference
+            if args.check
+            else f"{difference.file}:{difference.line}: {difference.what} regenerated"
+        )
+    if args.check and differences:
+        print("published.py: run `python scripts/published.py` to regenerate them", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

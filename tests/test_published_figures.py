@@ -1,0 +1,194 @@
+"""Every figure README.md and the example READMEs publish between markers is what its results file
+(results/*.json) gives: scripts/published.py --check, and that a changed figure fails it."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nmt.results import write_results
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "published.py"
+_spec = importlib.util.spec_from_file_location("published", SCRIPT)
+published = importlib.util.module_from_spec(_spec)
+sys.modules["published"] = published  # dataclasses look their module up there
+_spec.loader.exec_module(published)
+
+TABLE = {"columns": ["layout", "tok/s", "vs padded"], "rows": [["packed", "4,062", "1.02x"]]}
+
+
+def test_the_published_figures_equal_their_results_files():
+    differences = published.regenerate(str(ROOT), write=False)
+    assert not differences, "\n".join(map(str, differences)) + "\nrun: python scripts/published.py"
+
+
+def _repository(
+    tmp_path: pathlib.Path, readme: str, figures: dict, hypotheses=None
+) -> pathlib.Path:
+    (tmp_path / "results").mkdir()
+    write_results(
+        str(tmp_path / "results" / "bench.json"),
+        figures=figures,
+        hypotheses=hypotheses,
+        command=["benchmarks/bench.py", "--updates", "12"],
+    )
+    (tmp_path / "README.md").write_text(readme, encoding="utf-8")
+    return tmp_path
+
+
+README = """# title
+
+<!-- results:bench -->
+<!-- /results:bench -->
+
+Packed runs at <!-- figure:bench:ratio --><!-- /figure -->x padded, <!-- figure:bench:updates --><!-- /figure --> updates.
+"""
+
+
+def test_regenerate_fills_the_blocks_then_a_changed_figure_fails_the_check(tmp_path):
+    root = _repository(tmp_path, README, {"table": TABLE, "ratio": 1.0234, "updates": 1432})
+    assert [d.what for d in published.regenerate(str(root), write=True)] == [
+        "figure:bench:ratio",
+        "figure:bench:updates",
+        "results:bench",
+    ]
+    text = (root / "README.md").read_text(encoding="utf-8")
+    assert "| packed | 4,062 | 1.02x |" in text
+    assert "x padded, <!-- figure:bench:updates -->1,432<!-- /figure --> updates" in text
+    assert "<!-- figure:bench:ratio -->1.02<!-- /figure -->" in text
+    assert "`benchmarks/bench.py --updates 12` (`results/bench.json`" in text
+    assert published.regenerate(str(root), write=False) == []
+
+    (root / "README.md").write_text(text.replace("4,062", "4,100"), encoding="utf-8")
+    assert [str(d) for d in published.regenerate(str(root), write=False)] == [
+        "README.md:3: results:bench differs from its results file"
+    ]
+    (root / "README.md").write_text(text.replace("-->1.02<", "-->1.40<"), encoding="utf-8")
+    line = text[: text.index("Packed runs")].count("\n") + 1
+    assert [str(d) for d in published.regenerate(str(root), write=False)] == [
+        f"README.md:{line}: figure:bench:ratio differs from its results file"
+    ]
+
+
+def test_a_re_measured_results_file_fails_the_check_until_regenerated(tmp_path):
+    root = _repository(tmp_path, README, {"table": TABLE, "ratio": 1.02, "updates": 1432})
+    published.regenerate(str(root), write=True)
+    path = root / "results" / "bench.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["figures"]["updates"] = 1260
+    path.write_text(json.dumps(record), encoding="utf-8")
+    assert [d.what for d in published.regenerate(str(root), write=False)] == [
+        "figure:bench:updates"
+    ]
+    published.regenerate(str(root), write=True)
+    assert "1,260<!-- /figure --> updates" in (root / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "readme, message",
+    [
+        (
+            "a\n<!-- results:gone -->\n<!-- /results:gone -->\n",
+            "README.md:2: results/gone.json: no such results file",
+        ),
+        (
+            "a\n\n<!-- results:bench -->\n",
+            "README.md:3: <!-- results:bench --> has no <!-- /results:bench -->",
+        ),
+        (
+            "<!-- figure:bench:nothing --><!-- /figure -->",
+            "README.md:1: .*bench.json: no figure 'nothing'",
+        ),
+    ],
+)
+def test_a_bad_marker_is_one_line_naming_the_file_and_line(tmp_path, readme, message):
+    root = _repository(tmp_path, readme, {"table": TABLE})
+    with pytest.raises(ValueError, match=message):
+        published.regenerate(str(root), write=False)
+
+
+def test_the_command_exits_1_naming_the_block_and_0_once_regenerated(tmp_path):
+    root = _repository(tmp_path, README, {"table": TABLE, "ratio": 1.02, "updates": 1432})
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), "--root", str(root), *args],
+            capture_output=True,
+            text=True,
+        )
+
+    check = run("--check")
+    assert check.returncode == 1
+    assert "README.md:3: results:bench differs from its results file" in check.stdout
+    assert run().returncode == 0
+    assert run("--check").returncode == 0
+
+
+def test_a_comparative_claim_carries_the_paired_bootstrap_p_value_of_its_hypotheses(tmp_path):
+    reference = [f"ein Hund läuft über die Wiese Nummer {i} ." for i in range(60)]
+    # The system gets every sentence right; the baseline loses words in most of them.
+    system = list(reference)
+    baseline = [
+        line if i % 5 == 0 else " ".join(line.split()[::2]) for i, line in enumerate(reference)
+    ]
+    near = [
+        line if i != 3 else "ein Hund" for i, line in enumerate(reference)
+    ]  # one sentence worse
+    files = {}
+    for name, lines in (
+        ("reference", reference),
+        ("baseline", baseline),
+        ("system", system),
+        ("near", near),
+    ):
+        files[name] = tmp_path / f"{name}.txt"
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    readme = (
+        "wins (p = <!-- figure:bench:bootstrap-bleu:baseline:system --><!-- /figure -->), "
+        "tie (p = <!-- figure:bench:bootstrap-bleu:near:system --><!-- /figure -->)\n"
+    )
+    root = _repository(tmp_path, readme, {}, hypotheses={k: str(v) for k, v in files.items()})
+    published.regenerate(str(root), write=True)
+    text = (root / "README.md").read_text(encoding="utf-8")
+    assert (
+        "wins (p = <!-- figure:bench:bootstrap-bleu:baseline:system -->0.001<!-- /figure -->)"
+        in text
+    )
+    tie = re.search(r"bootstrap-bleu:near:system -->(0\.\d{3})<", text)
+    assert tie and float(tie[1]) > 0.05, text
+
+
+def test_hypotheses_of_another_length_than_the_reference_are_named(tmp_path):
+    for name, count in (("reference", 3), ("baseline", 3), ("system", 2)):
+        (tmp_path / f"{name}.txt").write_text("ein Hund\n" * count, encoding="utf-8")
+    hypotheses = {
+        name: str(tmp_path / f"{name}.txt") for name in ("reference", "baseline", "system")
+    }
+    root = _repository(
+        tmp_path,
+        "<!-- figure:bench:bootstrap-bleu:baseline:system --><!-- /figure -->",
+        {},
+        hypotheses,
+    )
+    with pytest.raises(
+        ValueError, match=r"README.md:1: .*system.txt: 2 lines, the reference has 3"
+    ):
+        published.regenerate(str(root), write=False)
+
+
+def test_every_results_file_is_readable_and_used(tmp_path):
+    """A results file no README publishes is a figure nobody sees, or a stale one left behind."""
+    used = set()
+    for file in published.published_files(str(ROOT)):
+        text = (ROOT / file).read_text(encoding="utf-8")
+        used |= {m["name"] for m in published.BLOCK.finditer(text)}
+        used |= {m["name"] for m in published.FIGURE.finditer(text)}
+    names = {p.stem for p in (ROOT / "results").glob("*.json")}
+    assert names <= used, f"results files published nowhere: {sorted(names - used)}"
+    assert os.path.isdir(ROOT / "results")
