@@ -39,6 +39,7 @@ from nmt.data.batching import (
 )
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.sample_sort import distributed_sample_sort
+from nmt.results import write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +85,7 @@ def share_changed(first: Batches, second: Batches) -> float:
     return sum(frozenset(b.tolist()) not in other for b in first.to_list()) / max(len(first), 1)
 
 
-def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
+def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> list[list[str]]:
     def ours(**changes: object) -> Callable[[int], Batches]:
         cfg = BatchingConfig(max_tokens=max_tokens, **changes)
         return lambda epoch: global_batches(src, tgt, cfg, seed=1, epoch=epoch)
@@ -124,11 +125,16 @@ def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
             first,
         )
     reference = rows["fairseq sort (target, source)"][0]
+    published = []
     for name, (efficiency, num_batches, changed, _first) in rows.items():
         changed_count = round(changed * num_batches)
         print(
             f"{name:44s} {efficiency:12.3f} {efficiency / reference:9.3f}x {num_batches:8d} "
             f"{changed:7.1%} ({changed_count}/{num_batches})"
+        )
+        published.append(
+            [name, f"{efficiency:.3f}", f"{efficiency / reference:.3f}x", f"{num_batches:,}"]
+            + [f"{changed:.1%} ({changed_count}/{num_batches})"]
         )
 
     default = rows["ours, ties (default)"][3]
@@ -153,6 +159,7 @@ def padding_table(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> None:
                 f"{world} ranks, {name:28s}: min {low:7d}  max {high:7d}  max/min {high / low:.4f}  "
                 f"(target within 2%: {'met' if high / low <= 1.02 else 'MISSED'})"
             )
+    return published
 
 
 def synthetic_lengths(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -232,12 +239,18 @@ def main() -> None:
     parser.add_argument("--data", default=os.path.join(REPO, "runs", "bench-data"))
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--samples", type=int, default=10_000_000)
+    parser.add_argument(
+        "--results", help="also write the padding table as a results file (nmt.results)"
+    )
     args = parser.parse_args()
     ensure_data(args.data)
     corpus = ParallelCorpus(args.data, "train")
     src = np.asarray(corpus.src_lengths, dtype=np.int64)
     tgt = np.asarray(corpus.tgt_lengths, dtype=np.int64)
-    padding_table(src, tgt, args.max_tokens)
+    padding = padding_table(src, tgt, args.max_tokens)
+    if args.results:
+        columns = ["method", "padding eff.", "vs fairseq sort", "batches", "changed epoch 0 -> 1"]
+        write_results(args.results, figures={"table": {"columns": columns, "rows": padding}})
     speed_table(args.samples, args.max_tokens)
     sample_sort_table(args.samples)
 
