@@ -26,7 +26,6 @@ from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.text import count_lines, open_binary
 from nmt.eval.constraint_input import split_line
 from nmt.eval.hypothesis import LengthLimitError
-from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.output import FairseqLines, base2, plain_lines
 from nmt.eval.translate import (
     Translation,
@@ -36,6 +35,7 @@ from nmt.eval.translate import (
     read_references,
 )
 from nmt.fileio import write_output
+from nmt.languages import Direction, Pair
 from nmt.workers import stop_on_signals
 
 DEFAULT_BUFFER_SIZE = 4096
@@ -122,19 +122,18 @@ class Job:
 
 
 def _split_name(io: EvalIOConfig, manifest: Manifest) -> str:
-    """--split, or on a multilingual dataset its split of the -s/-t direction."""
-    if not manifest.multilingual:
-        return io.split
-    if io.source_lang is None:
+    """--split of the -s/-t direction (of the dataset's only one, without -s/-t)."""
+    pairs = manifest.languages().pairs
+    if io.source_lang is None and len(pairs) > 1:
         raise ValueError(
             f"{io.data_dir}: a multilingual dataset: give -s/-t for one direction "
-            f"({', '.join(manifest.lang_pairs)}), or neither for all of them"
+            f"({', '.join(pairs)}), or neither for all of them"
         )
-    pair = f"{io.source_lang}-{io.target_lang}"
-    if pair not in manifest.lang_pairs:
+    pair = pairs[0] if io.source_lang is None else f"{io.source_lang}-{io.target_lang}"
+    if pair not in pairs:
         raise ValueError(
             f"-s {io.source_lang} -t {io.target_lang}: {io.data_dir} has no direction {pair} "
-            f"(it has {', '.join(manifest.lang_pairs)})"
+            f"(it has {', '.join(pairs)})"
         )
     return manifest.direction_split(io.split, pair)
 
@@ -261,7 +260,6 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
         generate_dataset,
         model_sha256,
     )
-    from nmt.eval.translate import language_pair
 
     assert io.output_dataset is not None and io.data_dir is not None
     path = io.path
@@ -278,12 +276,10 @@ def _generate_dataset(io: EvalIOConfig, cfg: EvalConfig) -> int:
         dist.init_distributed("cpu")
         barrier = dist.barrier
     translator = load_translator(io, cfg, [path])
-    direction = BILINGUAL
-    if translator.languages is None:
-        source_lang, target_lang = language_pair(path)
-    else:  # -s/-t: the direction (check_model holds -s to the monolingual text's language)
-        source_lang, target_lang = io.source_lang, io.target_lang
-        direction = translator.direction(source_lang, target_lang, zero_shot=io.zero_shot)
+    # -s/-t: the direction (check_model holds -s to the monolingual text's language)
+    direction = translator.direction(io.source_lang, io.target_lang, zero_shot=io.zero_shot)
+    source_lang = io.source_lang or translator.languages.first.source
+    target_lang = io.target_lang or translator.languages.first.target
     model = ModelInfo(
         path=path,
         source_lang=source_lang,
@@ -344,17 +340,9 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
     if (
         io.data_dir is not None
         and io.source_lang is None
-        and load_manifest(io.data_dir).multilingual
+        and len(load_manifest(io.data_dir).languages().pairs) > 1
     ):
         return _every_direction(io, translator)
-    if translator.languages is None and io.source_lang is not None:
-        from nmt.eval.translate import language_pair
-
-        pair = language_pair(paths[0])
-        if (io.source_lang, io.target_lang) != pair:
-            raise ValueError(
-                f"direction {io.source_lang}-{io.target_lang}: not in the model (it has {'-'.join(pair)})"
-            )
     direction = translator.direction(io.source_lang, io.target_lang, zero_shot=io.zero_shot)
     job = _open_job(io, cfg, translator, direction)
     fairseq_lines = (
@@ -458,9 +446,8 @@ def _evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
 def _off_target_line(translator: Translator, hypotheses: list[str], target: str | None) -> str:
     from nmt.eval.language_id import off_target_rate
 
-    if translator.languages is None or target is None:
-        raise ValueError("--off-target: needs a multilingual model and its -t target language")
-    languages = sorted(set(translator.languages.sources) | set(translator.languages.targets))
+    target = target or translator.languages.first.target
+    languages = translator.languages.codes
     rate = off_target_rate(hypotheses, target, languages=languages)
     return f"off-target {rate:.2f}% (langid among {','.join(languages)})"
 
@@ -471,22 +458,19 @@ def _every_direction(io: EvalIOConfig, translator: Translator) -> int:
     from nmt.eval.language_id import off_target_rate
 
     manifest = load_manifest(io.data_dir or "")
-    if translator.languages is None:
-        raise ValueError(
-            f"{io.data_dir}: a multilingual dataset, and {io.path} a bilingual model: give -s/-t"
-        )
-    languages = sorted(set(translator.languages.sources) | set(translator.languages.targets))
-    pairs = [pair for pair in manifest.lang_pairs if pair in translator.languages.pairs]
+    languages = translator.languages.codes
+    pairs = [pair for pair in manifest.languages().pairs if pair in translator.languages.pairs]
     if not pairs:
         raise ValueError(
-            f"{io.data_dir}: none of its directions ({', '.join(manifest.lang_pairs)}) is the "
-            f"model's ({', '.join(translator.languages.pairs)})"
+            f"{io.data_dir}: none of its directions ({', '.join(manifest.languages().pairs)}) is "
+            f"the model's ({', '.join(translator.languages.pairs)}): give -s/-t"
         )
     rows = []
     signatures: list[str] = []
     for pair in pairs:
-        source_lang, target_lang = pair.split("-")
-        direction = translator.direction(source_lang, target_lang)
+        wanted = Pair.parse(pair, codes=False)
+        target_lang = wanted.target
+        direction = translator.direction(wanted.source, wanted.target)
         name = manifest.direction_split(io.split, pair)
         split = load_split(io.data_dir or "", name, src_spm=translator.src_spm, manifest=manifest)
         if split.reference_path is None:

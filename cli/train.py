@@ -138,18 +138,14 @@ def make_bleu_validator(
     """
     from nmt.config import EvalConfig
     from nmt.data import SentencePieceModel
-    from nmt.eval.languages import Languages
     from nmt.eval.translate import Translator, load_split, read_references
+    from nmt.languages import Pair
 
     data_dir = manifest.directory
     src_spm = SentencePieceModel.load(manifest.path(manifest.spm.src_model))
     tgt_spm = SentencePieceModel.load(manifest.path(manifest.spm.tgt_model))
-    languages = (
-        Languages(pairs=manifest.lang_pairs, tags=dict(manifest.tags), placement=lang_tok)
-        if manifest.multilingual
-        else None
-    )
-    splits = manifest.direction_splits(split) if languages is not None else {"": split}
+    languages = manifest.languages(lang_tok)
+    splits = manifest.direction_splits(split)
     sets = {}
     for pair, name in splits.items():
         split_data = load_split(data_dir, name, src_spm=src_spm, manifest=manifest)
@@ -172,7 +168,8 @@ def make_bleu_validator(
         )
         scores = {}
         for pair, (split_data, references) in sets.items():
-            direction = translator.direction(*pair.split("-")) if pair else translator.direction()
+            wanted = Pair.parse(pair, codes=False)
+            direction = translator.direction(wanted.source, wanted.target)
             sources = direction.prefixed(split_data.sources)
             found = translator.generate(
                 sources, first_tokens=translator.first_tokens(direction, len(sources))
@@ -182,12 +179,12 @@ def make_bleu_validator(
                 for hypothesis, reference in list(zip(hypotheses, references))[:3]:
                     logging.getLogger("nmt.train").info(
                         "example hypothesis%s: %s\nexample reference: %s",
-                        f" ({pair})" if pair else "",
+                        f" ({pair})" if len(sets) > 1 else "",
                         hypothesis,
                         reference,
                     )
             scores[pair] = translator.score(hypotheses, references)[0].score
-        return scores[""] if languages is None else scores
+        return scores
 
     return validate
 
@@ -214,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         bleu_validator = None
         # Without the split, the trainer's validator says what is missing (one line).
         if train_cfg.checkpoint.eval_bleu and (
-            train_cfg.data.valid_subset in manifest.splits
-            or manifest.direction_splits(train_cfg.data.valid_subset)
+            manifest.direction_splits(train_cfg.data.valid_subset)
         ):
             bleu_validator = make_bleu_validator(
                 manifest,

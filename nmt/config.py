@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nmt.languages import PLACEMENTS, parse_pairs
+
 T = TypeVar("T")
 
 # What an option's value can belong to (``opt(identity=...)``, computed by nmt.provenance): the parts
@@ -128,7 +130,6 @@ def from_dict(cls: type[T], values: dict[str, Any]) -> T:
 
 
 SPECIAL_SYMBOLS = ("pad", "bos", "eos", "unk")
-LANG_TOK_PLACEMENTS = ("encoder", "decoder")  # where a multilingual model reads its target tag
 
 
 @dataclass
@@ -327,7 +328,7 @@ class PreprocessConfig:
             "lang_pairs",
             "names the languages: leave out --source-lang/--target-lang",
         )
-        parse_lang_pairs(self.lang_pairs or "")  # one line naming the bad pair
+        parse_pairs(self.lang_pairs or "")  # one line naming the bad pair
         for name, allowed in (
             ("separate_vocab", False),
             ("only_source", False),
@@ -349,34 +350,6 @@ class PreprocessConfig:
             "spm_lang_temperature",
             f"must be >= 1, got {self.spm_lang_temperature}",
         )
-
-
-# A language code: ISO 639-1/639-3 letters, optionally a script or region (zh_Hant, pt_BR). No "-":
-# it separates the two languages of a direction.
-LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(_[A-Za-z0-9]{2,8})?")
-
-
-def parse_lang_pairs(text: str, *, option: str = "--lang-pairs") -> list[tuple[str, str]]:
-    """``en-de,de-en`` -> [("en", "de"), ("de", "en")]; ValueError (one line, naming the pair) for a
-    malformed pair or language code, a pair into its own language, or a pair listed twice."""
-    pairs: list[tuple[str, str]] = []
-    for item in text.split(","):
-        pair = item.strip()
-        langs = pair.split("-")
-        if len(langs) != 2:
-            raise ValueError(f"{option}: {pair!r} is not a pair SRC-TGT (e.g. en-de)")
-        for lang in langs:
-            if not LANGUAGE_CODE.fullmatch(lang):
-                raise ValueError(
-                    f"{option}: {pair!r}: {lang!r} is not a language code (2-3 lowercase letters, "
-                    "e.g. en, de, fra; optionally _Script or _REGION)"
-                )
-        if langs[0] == langs[1]:
-            raise ValueError(f"{option}: {pair!r} translates a language into itself")
-        if (langs[0], langs[1]) in pairs:
-            raise ValueError(f"{option}: {pair!r} is listed twice")
-        pairs.append((langs[0], langs[1]))
-    return pairs
 
 
 @dataclass
@@ -748,7 +721,7 @@ class DataConfig:
         "encoder",
         "multilingual datasets: where the target-language tag <2xx> goes: encoder (first source "
         "token) or decoder (first target token, forced at inference); stored in the checkpoint",
-        choices=LANG_TOK_PLACEMENTS,
+        choices=PLACEMENTS,
         identity="vocabulary",
     )
     term_annotation_rate: float = opt(

@@ -1,16 +1,5 @@
-"""Directions of a multilingual dataset as corpora, each with its target-language tag in place.
-
-Where the tag ``<2xx>`` ("into xx") goes is the run's choice (``--lang-tok``), recorded in every
-checkpoint so inference never re-specifies it:
-
-- ``encoder`` (the default; Marian/Sockeye/fairseq ``--encoder-langtok tgt``): the source is
-  ``<2xx> pieces EOS``;
-- ``decoder`` (fairseq ``--decoder-langtok``): the target is ``<2xx> pieces EOS`` and the decoder
-  reads ``BOS <2xx> ...``; at inference the tag is forced as the first output token.
-
-A tag enters a sequence by id only: it is a SentencePiece control symbol, so text typed by a user
-(``"<2de> hello"``) never encodes to it.
-"""
+"""A dataset's directions as corpora, each direction's tag in place (``nmt.languages`` says which
+tag, on which side). A dataset of one untagged direction opens as its plain corpora."""
 
 from __future__ import annotations
 
@@ -19,40 +8,23 @@ import os
 
 import numpy as np
 
-from nmt.config import LANG_TOK_PLACEMENTS
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.indexed import IndexedDataset
 from nmt.data.manifest import Manifest
-from nmt.data.spm import language_tag
-
-
-def split_pair(pair: str) -> tuple[str, str]:
-    src, tgt = pair.split("-")
-    return src, tgt
-
-
-def tag_id(manifest: Manifest, lang: str) -> int:
-    tag = language_tag(lang)
-    if tag not in manifest.tags:
-        raise ValueError(f"{manifest.directory}: no tag {tag} in its vocabulary")
-    return int(manifest.tags[tag])
+from nmt.data.subsets import open_subset
+from nmt.languages import BILINGUAL, Direction, Languages, Pair
 
 
 class TaggedCorpus:
-    """One direction: a ``ParallelCorpus`` whose samples get the target-language tag, on the
-    source (``encoder``) or the target (``decoder``). Lengths count the tag."""
+    """One direction: a ``ParallelCorpus`` whose samples carry how the direction is asked for (its
+    tag on the source, or first on the target). Lengths count the tag."""
 
-    def __init__(self, corpus: ParallelCorpus, *, tag: int, placement: str) -> None:
-        if placement not in LANG_TOK_PLACEMENTS:
-            raise ValueError(
-                f"--lang-tok: must be one of {', '.join(LANG_TOK_PLACEMENTS)}, got {placement!r}"
-            )
+    def __init__(self, corpus: ParallelCorpus, *, direction: Direction) -> None:
         self.corpus = corpus
-        self.placement = placement
-        self.tag = np.array([tag], dtype=np.int64)
-        on_source = placement == "encoder"
-        self.src_lengths = np.asarray(corpus.src_lengths, dtype=np.int64) + int(on_source)
-        self.tgt_lengths = np.asarray(corpus.tgt_lengths, dtype=np.int64) + int(not on_source)
+        self.src_prefix = np.asarray(direction.source_prefix, dtype=np.int64)
+        self.tgt_prefix = np.asarray(direction.target_prefix, dtype=np.int64)
+        self.src_lengths = np.asarray(corpus.src_lengths, dtype=np.int64) + len(self.src_prefix)
+        self.tgt_lengths = np.asarray(corpus.tgt_lengths, dtype=np.int64) + len(self.tgt_prefix)
         self.entry = corpus.entry
 
     def __len__(self) -> int:
@@ -60,24 +32,34 @@ class TaggedCorpus:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         src, tgt = self.corpus[index]
-        if self.placement == "encoder":
-            return np.concatenate([self.tag, src]), tgt
-        return src, np.concatenate([self.tag, tgt])
+        return np.concatenate([self.src_prefix, src]), np.concatenate([self.tgt_prefix, tgt])
 
     @property
     def line_numbers(self) -> np.ndarray:
         return self.corpus.line_numbers
 
 
+def _check_tags(manifest: Manifest, languages: Languages) -> None:
+    missing = [tag for tag in languages.target_tags().values() if tag not in languages.tags]
+    if missing:
+        raise ValueError(f"{manifest.directory}: no tag {missing[0]} in its vocabulary")
+
+
 def open_directions(
     manifest: Manifest, split: str, *, placement: str, check_token_ids: bool = True
-) -> dict[str, TaggedCorpus]:
-    """Every direction's corpus of ``split`` (``train``, ``valid``...), in the manifest's order.
+) -> dict[str, ParallelCorpus | TaggedCorpus]:
+    """Every direction's corpus of ``split`` (``train``, ``valid``...), in the manifest's order
+    (none where it has no such split), each direction's tag where ``placement`` says. On a dataset of
+    one untagged direction, ``DIR/SPLIT`` is the split of another dataset (``nmt.data.subsets``).
 
     The token files are shared between directions (one per language side): each is checked once,
     not once per direction, so opening 100 directions reads each file once.
     """
+    languages = manifest.languages(placement)
+    _check_tags(manifest, languages)
     splits = manifest.direction_splits(split)
+    if not splits and not languages.tagged and "/" in split:
+        return {languages.pairs[0]: open_subset(manifest, split)}
     corpora = {
         pair: ParallelCorpus(manifest.directory, name, manifest=manifest, check_token_ids=False)
         for pair, name in splits.items()
@@ -98,7 +80,15 @@ def open_directions(
 
         with concurrent.futures.ThreadPoolExecutor(min(len(sides), os.cpu_count() or 1)) as pool:
             list(pool.map(check, sorted(sides)))
-    return {
-        pair: TaggedCorpus(corpus, tag=tag_id(manifest, split_pair(pair)[1]), placement=placement)
-        for pair, corpus in corpora.items()
-    }
+    return {pair: _tagged(corpus, languages, pair) for pair, corpus in corpora.items()}
+
+
+def _tagged(
+    corpus: ParallelCorpus, languages: Languages, pair: str
+) -> ParallelCorpus | TaggedCorpus:
+    """``corpus`` as its direction is asked for: itself when that takes no tag (lazy, unchanged)."""
+    wanted = Pair.parse(pair, codes=False)
+    direction = languages.direction(wanted.source, wanted.target)
+    if direction == BILINGUAL:
+        return corpus
+    return TaggedCorpus(corpus, direction=direction)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmt.data.spm import SPECIAL_IDS
+from nmt.languages import Languages
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2  # 2: splits in parts, references, token-id maxima; version 1 is still read
@@ -84,37 +85,40 @@ class Manifest:
     convention: str = (
         "source = pieces + EOS; target = pieces + EOS; decoder input = BOS + target[:-1]"
     )
-    # Multilingual datasets (nmt-preprocess --lang-pairs): the directions "src-tgt" in the order
-    # given, each with the splits "SPLIT.src-tgt"; the language tags and their ids. Empty otherwise.
+    # Tagged datasets (nmt-preprocess --lang-pairs): the directions "src-tgt" in the order given,
+    # each with the splits "SPLIT.src-tgt"; the language tags and their ids. Empty for a dataset of
+    # one untagged direction, source_lang-target_lang, whose splits are "SPLIT" (as main wrote them).
     lang_pairs: tuple[str, ...] = ()
     tags: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def multilingual(self) -> bool:
-        return bool(self.lang_pairs)
+    def languages(self, placement: str = "encoder") -> Languages:
+        """The dataset's directions, their tags placed as ``placement`` (a training choice)."""
+        if not self.lang_pairs:
+            return Languages.one_direction(self.source_lang, self.target_lang)
+        return Languages(pairs=self.lang_pairs, tags=dict(self.tags), placement=placement)
 
     def direction_split(self, split: str, pair: str) -> str:
-        """The split of one direction: ``valid`` and ``en-de`` -> ``valid.en-de``."""
-        if pair not in self.lang_pairs:
-            raise ValueError(
-                f"{self.directory}: no direction {pair} (has: {', '.join(self.lang_pairs)})"
-            )
-        return direction_split(split, pair)
+        """The split of one direction: ``valid`` and ``en-de`` -> ``valid.en-de`` (``valid`` on a
+        dataset of one untagged direction)."""
+        pairs = self.languages().pairs
+        if pair not in pairs:
+            raise ValueError(f"{self.directory}: no direction {pair} (has: {', '.join(pairs)})")
+        return direction_split(split, pair) if self.lang_pairs else split
 
     def training_splits(self, names: tuple[str, ...] | list[str]) -> list[str]:
-        """The stored splits of training splits ``names``: each direction's on a multilingual
-        dataset (``train`` -> ``train.en-de``, ``train.de-en``...), else the names themselves."""
-        if not self.multilingual:
-            return list(names)
-        return [split for name in names for split in self.direction_splits(name).values()]
+        """The stored splits of training splits ``names``: each direction's (``train`` ->
+        ``train.en-de``, ``train.de-en``...), or a name that is no split of this dataset as it is
+        (another dataset's ``DIR/SPLIT``)."""
+        return [
+            split
+            for name in names
+            for split in (self.direction_splits(name) or {"": name}).values()
+        ]
 
     def direction_splits(self, split: str) -> dict[str, str]:
         """Direction -> its split of ``split`` (e.g. every direction's ``valid``), where present."""
-        return {
-            pair: direction_split(split, pair)
-            for pair in self.lang_pairs
-            if direction_split(split, pair) in self.splits
-        }
+        found = {pair: self.direction_split(split, pair) for pair in self.languages().pairs}
+        return {pair: name for pair, name in found.items() if name in self.splits}
 
     def path(self, name: str) -> str:
         """A file of the dataset, wherever the directory is now."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from nmt.config import PreprocessConfig, parse_lang_pairs, to_dict
+from nmt.config import PreprocessConfig, to_dict
 from nmt.data.dedup import HashSet64
 from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import (
@@ -57,7 +57,6 @@ from nmt.data.spm import (
     SPECIAL_IDS,
     UNK_ID,
     SentencePieceModel,
-    language_tag,
     reserved_tags,
     token_dtype,
     train_model,
@@ -78,6 +77,7 @@ from nmt.fileio import (
     open_for_writing,
     write_all,
 )
+from nmt.languages import language_tag, parse_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -440,7 +440,7 @@ def direction_entry(
 # ----------------------------------------------------------------------------- the run
 def preprocess_multilingual(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
     """A multilingual dataset at ``cfg.destdir``: resolved, encoded and installed whole."""
-    pairs = parse_lang_pairs(cfg.lang_pairs or "")
+    pairs = [(pair.source, pair.target) for pair in parse_pairs(cfg.lang_pairs or "")]
     languages = sorted({lang for pair in pairs for lang in pair})
     splits = [
         (name, role, prefix, resolve_groups(prefix, pairs, option=f"--{role}pref"))

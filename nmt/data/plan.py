@@ -47,7 +47,6 @@ from nmt.data.manifest import Manifest, load_manifest, verify_checksums
 from nmt.data.packing import partition_microbatches
 from nmt.data.shapes import StaticShapes
 from nmt.data.spm import BOS_ID, PAD_ID
-from nmt.data.subsets import open_subset
 from nmt.data.terminology import MAX_ADDED_TOKENS, TermAnnotatedCorpus, TermAnnotation
 
 logger = logging.getLogger(__name__)
@@ -166,60 +165,43 @@ class TrainingDataPlan:
                 )
         if cfg.verify_data:
             verify_dataset(self.manifest, rank=rank)
-        # The corpora blended, by name: the training splits, or on a multilingual dataset every
-        # direction of each (``train.en-de``...), its tag in place.
-        self.corpora: list[ParallelCorpus | TaggedCorpus]
-        # Validation sets by direction ("" on a bilingual dataset); empty without a validation split.
-        self.valid_sets: dict[str, ParallelCorpus | TaggedCorpus]
-        if self.manifest.multilingual:
-            if cfg.subset_weights:
-                raise ValueError(
-                    "--subset-weights: a multilingual dataset blends its directions by size, "
-                    "or by --sampling-temperature"
-                )
-            directions = [
-                open_directions(self.manifest, name, placement=cfg.lang_tok)
-                for name in cfg.train_subsets
-            ]
-            missing = [name for name, found in zip(cfg.train_subsets, directions) if not found]
-            if missing:
-                raise ValueError(
-                    f"--train-subsets {missing[0]}: {cfg.data_dir} has no such split in any direction"
-                )
-            self.corpus_names = [
-                f"{name}.{pair}"
-                for name, found in zip(cfg.train_subsets, directions)
-                for pair in found
-            ]
-            self.corpora = [corpus for found in directions for corpus in found.values()]
-            self.valid_sets = dict(
-                open_directions(self.manifest, cfg.valid_subset, placement=cfg.lang_tok)
+        # The corpora blended, by name: every direction of each training split (``train.en-de``...,
+        # or ``train`` on a dataset of one untagged direction), its tag in place.
+        languages = self.manifest.languages(cfg.lang_tok)
+        if cfg.subset_weights and len(languages.pairs) > 1:
+            raise ValueError(
+                "--subset-weights: a multilingual dataset blends its directions by size, "
+                "or by --sampling-temperature"
             )
-            unknown = [
-                pair for pair in cfg.direction_factors if pair not in self.manifest.lang_pairs
-            ]
-            if unknown:
-                raise ValueError(
-                    f"--upsample-directions {unknown[0]}: {cfg.data_dir} has no such direction "
-                    f"(has: {', '.join(self.manifest.lang_pairs)})"
-                )
-        else:
-            if cfg.direction_factors:
-                raise ValueError(
-                    f"--upsample-directions: {cfg.data_dir} is not multilingual (one direction, "
-                    f"{self.manifest.source_lang}-{self.manifest.target_lang})"
-                )
-            self.corpus_names = list(cfg.train_subsets)
-            self.corpora = [open_subset(self.manifest, name) for name in cfg.train_subsets]
-            self.valid_sets = (
-                {"": ParallelCorpus(cfg.data_dir, cfg.valid_subset, manifest=self.manifest)}
-                if cfg.valid_subset in self.manifest.splits
-                else {}
+        unknown = [pair for pair in cfg.direction_factors if pair not in languages.pairs]
+        if unknown:
+            raise ValueError(
+                f"--upsample-directions {unknown[0]}: {cfg.data_dir} has no such direction "
+                f"(has: {', '.join(languages.pairs)})"
             )
+        directions = [
+            open_directions(self.manifest, name, placement=cfg.lang_tok)
+            for name in cfg.train_subsets
+        ]
+        missing = [name for name, found in zip(cfg.train_subsets, directions) if not found]
+        if missing:
+            raise ValueError(
+                f"--train-subsets {missing[0]}: {cfg.data_dir} has no such split in any direction "
+                f"(has: {', '.join(self.manifest.splits)})"
+            )
+        self.corpus_names = self.manifest.training_splits(cfg.train_subsets)
+        self.corpus_pairs = [pair for found in directions for pair in found]
+        self.corpora: list[ParallelCorpus | TaggedCorpus] = [
+            corpus for found in directions for corpus in found.values()
+        ]
+        # Validation sets by direction; empty without a validation split.
+        self.valid_sets: dict[str, ParallelCorpus | TaggedCorpus] = open_directions(
+            self.manifest, cfg.valid_subset, placement=cfg.lang_tok
+        )
         for name, valid in self.valid_sets.items():
             if len(valid) == 0:
                 raise ValueError(
-                    f"{cfg.data_dir}: the validation split {cfg.valid_subset!r}{f' of {name}' if name else ''} "
+                    f"{cfg.data_dir}: the validation split {cfg.valid_subset!r}{self._of(name)} "
                     "has no pairs: every score on it would be 0 (preprocess with a --validpref that has "
                     "lines, or without one)"
                 )
@@ -308,8 +290,10 @@ class TrainingDataPlan:
         else:
             weights = [float(size) for size in sizes]
         if cfg.direction_factors:
-            pairs = [name.rpartition(".")[2] for name in self.corpus_names]
-            weights = [w * cfg.direction_factors.get(pair, 1.0) for w, pair in zip(weights, pairs)]
+            weights = [
+                w * cfg.direction_factors.get(pair, 1.0)
+                for w, pair in zip(weights, self.corpus_pairs)
+            ]
         return BlendedEpochs(
             sizes,
             weights,
@@ -483,13 +467,18 @@ class TrainingDataPlan:
     # ----------------------------------------------------------------------------- validation
     @property
     def valid(self) -> ParallelCorpus | TaggedCorpus | None:
-        """The validation set (a multilingual dataset's first direction); None without one."""
+        """The validation set (of the first direction); None without one."""
         return next(iter(self.valid_sets.values()), None)
 
-    def valid_batches(self, direction: str = "") -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's share of the validation split (of one ``direction`` of a multilingual
-        dataset), in length order, under the same budget. Sentences longer than the model's
-        positions or the budget are truncated (counted, logged once): validation never stops a run."""
+    def _of(self, direction: str) -> str:
+        """`` of en-de`` where there are several validation directions (else nothing to tell)."""
+        return f" of {direction}" if len(self.valid_sets) > 1 else ""
+
+    def valid_batches(self, direction: str | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's share of the validation split of ``direction`` (default: the first), in
+        length order, under the same budget. Sentences longer than the model's positions or the
+        budget are truncated (counted, logged once): validation never stops a run."""
+        direction = next(iter(self.valid_sets), "") if direction is None else direction
         if direction not in self.valid_sets:
             return
         valid = self.valid_sets[direction]
@@ -532,7 +521,7 @@ class TrainingDataPlan:
                     "--max-tokens (source %d, target %d tokens): they are truncated for validation",
                     too_long,
                     len(valid),
-                    f" ({name})" if name else "",
+                    self._of(name),
                     src_limit,
                     tgt_limit,
                 )

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as sentencepiece_lib
 
+from nmt.languages import language_tag
 from nmt.workers import run_in_child
 
 PAD_ID = 0
@@ -29,10 +30,6 @@ SPECIAL_IDS = {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}
 # ``<term>``: a target term follows in the source (``nmt.data.terminology``).
 BT_TAG = "<bt>"
 TERM_TAG = "<term>"
-
-
-def language_tag(lang: str) -> str:
-    return f"<2{lang}>"
 
 
 def reserved_tags(languages: Iterable[str]) -> list[str]:

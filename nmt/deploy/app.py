@@ -223,17 +223,15 @@ def create_app(
     translator: Translator,
     cfg: ServeConfig,
     *,
-    source_lang: str,
-    target_lang: str,
     backend: str,
     zero_shot: bool = False,
 ) -> Starlette:
     """The Starlette app; its lifespan starts and stops the batcher (so it must run under an ASGI server).
-    A multilingual translator serves each request's ``source``/``target`` direction."""
+    A translator of several directions serves each request's ``source``/``target`` one."""
     routes = Routes(
         translator,
         cfg,
-        Service(source_lang, target_lang, translator.languages, zero_shot),
+        Service(translator.languages, zero_shot),
         backend=backend,
     )
     return Starlette(

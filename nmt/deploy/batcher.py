@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.translate import Translator
+from nmt.languages import BILINGUAL, Direction
 
 logger = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from nmt.eval.ct2_model import (
     pieces,
 )
 from nmt.fileio import atomic_write
+from nmt.languages import Languages
 from nmt.model import TransformerModel
 
 logger = logging.getLogger(__name__)
@@ -255,10 +256,9 @@ def export_ctranslate2(
             "model_config": to_dict(model.cfg),
             "checkpoints": [os.path.abspath(path) for path in checkpoints],
         }
-        if vocab.get("lang_pairs"):  # a multilingual model: its directions and tag placement
-            manifest["languages"] = {
-                key: vocab[key] for key in ("lang_pairs", "tags", "lang_tok") if key in vocab
-            }
+        languages = Languages.from_vocab(vocab).to_vocab()
+        if languages:  # a tagged model's directions and tag placement
+            manifest["languages"] = languages
         # The manifest goes last: a directory with one is complete.
         with atomic_write(os.path.join(workdir, EXPORT_MANIFEST), "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=2)

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from nmt.checkpoint_io import FORMAT, VERSION, bytes_to_tensor, load_torch_file
-from nmt.config import ModelConfig, parse_lang_pairs
+from nmt.config import ModelConfig
 from nmt.data.spm import (
     BOS_ID,
     EOS_ID,
@@ -53,7 +53,6 @@ from nmt.data.spm import (
     SPECIAL_IDS,
     UNK_ID,
     SentencePieceModel,
-    language_tag,
 )
 from nmt.deploy.common import (
     built_aside,
@@ -63,7 +62,7 @@ from nmt.deploy.common import (
     write_import,
 )
 from nmt.deploy.foreign_vocab import convert_vocabulary
-from nmt.eval.languages import Languages
+from nmt.languages import Languages, Pair, language_tag, parse_pairs
 from nmt.model import TransformerModel, build_model
 from nmt.model.transformer import sinusoidal_table
 
@@ -82,8 +81,13 @@ def marian_code(lang: str) -> str:
 
 
 def _marian_codes(targets: Sequence[str]) -> dict[str, str]:
-    """Our tag -> Marian's token, for each target language (the tags a request can name)."""
+    """Our tag -> Marian's token, for each of ``targets`` (the target languages a tag can name)."""
     return {language_tag(lang): marian_code(lang) for lang in targets}
+
+
+def _tagged_targets(languages: Languages) -> list[str]:
+    """The target languages a request names by a tag (none for a model of one untagged direction)."""
+    return list(languages.target_tags())
 
 
 def import_transformers(what: str) -> Any:
@@ -349,7 +353,7 @@ def _directions_section(languages: Languages) -> list[str]:
     ]
     lines += [
         f"| {source} → {target} | `{marian_code(target)}` |"
-        for source, target in (pair.split("-") for pair in languages.pairs)
+        for source, target in ((pair.source, pair.target) for pair in languages.directions)
     ]
     return lines + [
         "",
@@ -360,19 +364,13 @@ def _directions_section(languages: Languages) -> list[str]:
 def _card(
     loaded: Any,
     *,
-    languages: Languages | None,
+    languages: Languages,
     output_dir: str,
     native_positions: bool,
     scores: str | None,
 ) -> str:
-    vocab = loaded.state["vocab"]
-    src, tgt = vocab["source_lang"], vocab["target_lang"]
-    if languages is None:
-        title, listed, request = f"{src}-{tgt} translation model", [src, tgt], ""
-    else:
-        title = f"{', '.join(languages.pairs)} translation model"
-        listed = sorted({*languages.sources, *languages.targets})
-        request = marian_code(languages.pairs[0].split("-")[1]) + " "
+    title = f"{', '.join(languages.pairs)} translation model"
+    request = marian_code(languages.first.target) + " " if languages.tagged else ""
     provenance = loaded.state.get("provenance") or {}
     command = provenance.get("command_line") or provenance.get("argv")
     if isinstance(command, list):
@@ -382,7 +380,7 @@ def _card(
     cfg = loaded.model.cfg
     lines = [
         "---",
-        "language:\n" + "\n".join(f"- {lang}" for lang in listed),
+        "language:\n" + "\n".join(f"- {lang}" for lang in languages.codes),
         "tags:\n- translation\n- nmt",
         "library_name: transformers",
         "pipeline_tag: translation",
@@ -411,7 +409,7 @@ def _card(
         "never generated). MarianTokenizer normalises punctuation with sacremoses when that package "
         "is installed; nmt did not, so leave sacremoses out to get nmt's tokens.",
         "",
-        *(_directions_section(languages) + [""] if languages else []),
+        *(_directions_section(languages) + [""] if languages.tagged else []),
         "## Training",
         "",
         f"- data: {data_dir or 'not recorded in the checkpoint'}",
@@ -472,13 +470,13 @@ def _tokenizer_files(
     tgt_spm: SentencePieceModel,
     source_lang: str,
     target_lang: str,
-    languages: Languages | None,
+    languages: Languages,
     model_max_length: int,
     name: str,
 ) -> None:
     from nmt.eval.ct2_model import pieces
 
-    codes = _marian_codes(languages.targets) if languages else {}
+    codes = _marian_codes(_tagged_targets(languages))
     src_pieces, tgt_pieces = (_renamed(pieces(spm), codes, name=name) for spm in (src_spm, tgt_spm))
     separate = src_pieces != tgt_pieces
     files = {"source.spm": src_spm.proto, "target.spm": tgt_spm.proto}
@@ -506,7 +504,7 @@ def _tokenizer_files(
         "unk_token": tgt_pieces[UNK_ID],
         "model_max_length": model_max_length,
     }
-    if languages:  # what nmt-import restores the directions from
+    if languages.tagged:  # what nmt-import restores the directions from
         tokenizer_config["lang_pairs"] = list(languages.pairs)
     with open(os.path.join(workdir, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
         json.dump(tokenizer_config, handle, ensure_ascii=False, indent=2)
@@ -536,7 +534,7 @@ def export_huggingface(
     loaded = load_for_export(checkpoints, target="the Hugging Face export")
     model, name = loaded.model, loaded.name
     languages = Languages.from_vocab(loaded.state["vocab"])
-    if languages and languages.placement != "encoder":
+    if languages.placement != "encoder":
         raise ValueError(
             f"{name}: --lang-tok {languages.placement}: the model reads its target-language tag as "
             "its first output token, which MarianMT cannot request (its >>xx<< token leads the "
@@ -638,7 +636,7 @@ def _check_tokenizer(
     directory: str,
     spm: SentencePieceModel,
     *,
-    languages: Languages | None,
+    languages: Languages,
     name: str,
 ) -> None:
     """MarianTokenizer of the export gives our ids (pieces + EOS) on text made of our pieces, and
@@ -659,7 +657,7 @@ def _check_tokenizer(
     expected = spm.encode([text])[0] + [EOS_ID]
     if tokenizer(text).input_ids != expected:
         raise ValueError(f"{name}: MarianTokenizer of the export does not give our token ids")
-    for tag, code in (_marian_codes(languages.targets) if languages else {}).items():
+    for tag, code in _marian_codes(_tagged_targets(languages)).items():
         if tokenizer(f"{code} {text}").input_ids != [languages.tags[tag], *expected]:
             raise ValueError(f"{name}: MarianTokenizer of the export does not read {code} as {tag}")
 
@@ -892,15 +890,16 @@ def _marian_specials(
     return specials, next(ours[role] for role, index in specials.items() if index == start)
 
 
-def _lang_pairs(tokenizer_config: dict[str, Any], *, directory: str) -> list[str]:
-    """The directions an nmt export records in tokenizer_config.json (none: a bilingual model)."""
+def _lang_pairs(tokenizer_config: dict[str, Any], *, directory: str) -> list[Pair]:
+    """The tagged directions an nmt export records in tokenizer_config.json (none: a model of one
+    untagged direction)."""
     pairs = tokenizer_config.get("lang_pairs")
     if pairs is None:
         return []
     option = f"{os.path.join(directory, 'tokenizer_config.json')}: lang_pairs"
     if not isinstance(pairs, list) or not pairs or not all(isinstance(p, str) for p in pairs):
         raise ValueError(f'{option}: not a list of directions like "en-de" ({pairs!r})')
-    return [f"{src}-{tgt}" for src, tgt in parse_lang_pairs(",".join(pairs), option=option)]
+    return parse_pairs(",".join(pairs), option=option)
 
 
 def _import_languages(
@@ -909,18 +908,18 @@ def _import_languages(
     *,
     source_lang: str | None,
     target_lang: str | None,
-) -> tuple[str, str, Languages | None]:
-    """The checkpoint's source_lang and target_lang, and a multilingual model's directions (None:
-    bilingual) whose tag ids are read later, from the converted vocabulary."""
+) -> tuple[str, str, list[Pair]]:
+    """The checkpoint's source_lang and target_lang, and a tagged model's directions (none: one
+    untagged direction) whose tag ids are read later, from the converted vocabulary."""
     pairs = _lang_pairs(files.tokenizer_config, directory=directory)
     if pairs:
         if source_lang or target_lang:
             raise ValueError(
                 f"--source-lang, --target-lang: {directory} is a multilingual model "
-                f"({', '.join(pairs)}); its directions come from its tokenizer_config.json"
+                f"({', '.join(map(str, pairs))}); its directions come from its tokenizer_config.json"
             )
-        languages = Languages(pairs=tuple(pairs), tags={}, placement="encoder")
-        return ",".join(languages.sources), ",".join(languages.targets), languages
+        sources, targets = sorted({p.source for p in pairs}), sorted({p.target for p in pairs})
+        return ",".join(sources), ",".join(targets), pairs
     source_lang = source_lang or files.tokenizer_config.get("source_lang")
     target_lang = target_lang or files.tokenizer_config.get("target_lang")
     if not source_lang or not target_lang or source_lang == target_lang:
@@ -928,20 +927,27 @@ def _import_languages(
             f"{directory}: tokenizer_config.json names no distinct source_lang/target_lang; "
             "give them with --source-lang and --target-lang"
         )
-    return source_lang, target_lang, None
+    return source_lang, target_lang, []
 
 
-def _restored(languages: Languages, proto: bytes, *, directory: str) -> dict[str, Any]:
-    """The checkpoint's multilingual entries, the tags read from the converted SentencePiece model,
-    where each must be a control piece (entering a sequence by id only, as in training)."""
+def _targets(pairs: list[Pair]) -> list[str]:
+    return sorted({pair.target for pair in pairs})
+
+
+def _restored(pairs: list[Pair], proto: bytes, *, directory: str) -> dict[str, Any]:
+    """The checkpoint's entries of a tagged model (none without ``pairs``), the tags read from the
+    converted SentencePiece model, where each must be a control piece (entering a sequence by id
+    only, as in training)."""
     tags = SentencePieceModel(proto, name=directory).tags
-    for lang in languages.targets:
+    for lang in _targets(pairs):
         if language_tag(lang) not in tags:
             raise ValueError(
                 f"{os.path.join(directory, 'source.spm')}: {language_tag(lang)} is not a control "
                 "piece (a tag of an nmt export is): not the SentencePiece model nmt exported"
             )
-    return dataclasses.replace(languages, tags=tags).to_vocab()
+    if not pairs:
+        return {}
+    return Languages(pairs=tuple(pair.name for pair in pairs), tags=tags).to_vocab()
 
 
 def import_marian(
@@ -962,13 +968,11 @@ def import_marian(
     target_path = os.path.join(
         directory, "target_vocab.json" if files.target_vocab else "vocab.json"
     )
-    source_lang, target_lang, languages = _import_languages(
+    source_lang, target_lang, pairs = _import_languages(
         files, directory, source_lang=source_lang, target_lang=target_lang
     )
     # Marian's >>de<< back to our tag <2de>: an nmt export's vocabulary is then its own again.
-    tags = (
-        {code: tag for tag, code in _marian_codes(languages.targets).items()} if languages else {}
-    )
+    tags = {code: tag for tag, code in _marian_codes(_targets(pairs)).items()}
     missing = [code for code in tags if code not in files.vocab]
     if missing:
         raise ValueError(
@@ -1069,7 +1073,7 @@ def import_marian(
             "special_ids": dict(SPECIAL_IDS),
             "src_spm": bytes_to_tensor(src_vocab.proto),
             "tgt_spm": bytes_to_tensor(tgt_vocab.proto),
-            **(_restored(languages, src_vocab.proto, directory=directory) if languages else {}),
+            **_restored(pairs, src_vocab.proto, directory=directory),
         },
         "provenance": {
             "imported_from": os.path.abspath(directory),

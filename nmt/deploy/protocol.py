@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nmt.eval.hypothesis import LengthLimitError
-from nmt.eval.languages import BILINGUAL, Direction, Languages, language_name
+from nmt.eval.languages import language_name
+from nmt.languages import Direction, Languages
 
 MAX_ALTERNATIVES = 8
 FORM = "application/x-www-form-urlencoded"
@@ -156,48 +157,33 @@ def parse_request(
 
 @dataclass(frozen=True)
 class Service:
-    """What the service translates: one direction (a bilingual model), or a multilingual model's
-    directions (untrained ones only with ``zero_shot``)."""
+    """What the service translates: the model's directions (untrained ones of a tagged model only
+    with ``zero_shot``)."""
 
-    source_lang: str
-    target_lang: str
-    languages: Languages | None = None
+    languages: Languages
     zero_shot: bool = False
 
     @property
-    def codes(self) -> list[str]:
-        if self.languages is None:
-            return [self.source_lang, self.target_lang]
-        return sorted(set(self.languages.sources) | set(self.languages.targets))
+    def source_lang(self) -> str:
+        return ",".join(self.languages.sources)
+
+    @property
+    def target_lang(self) -> str:
+        return ",".join(self.languages.targets)
 
     @property
     def first_pair(self) -> tuple[str, str]:
-        """The direction the web page offers first: the model's, or its first trained one."""
-        if self.languages is None:
-            return self.source_lang, self.target_lang
-        source, target = self.languages.pairs[0].split("-")
-        return source, target
+        """The direction the web page offers first: the model's first."""
+        return self.languages.first.source, self.languages.first.target
 
     def detects(self, asked: TranslateRequest) -> bool:
-        """Whether ``asked``'s source language is to be detected first (a bilingual service
-        reads ``source: auto`` as its own source)."""
-        return asked.source == "auto" and self.languages is not None
+        """Whether ``asked``'s source language is to be detected first (a model that reads one
+        language reads ``source: auto`` as that one)."""
+        return asked.source == "auto" and len(self.languages.sources) > 1
 
     def direction(self, source: str | None, target: str | None) -> Direction:
         """The direction of a request (``source`` already detected when it was "auto")."""
-        if self.languages is None:
-            for key, value, expected in (
-                ("source", source, self.source_lang),
-                ("target", target, self.target_lang),
-            ):
-                if value not in (None, expected):
-                    raise RequestError(
-                        400,
-                        f"{key}: this service translates {self.source_lang} -> "
-                        f"{self.target_lang}, not {key} {value!r}",
-                    )
-            return BILINGUAL
-        if not source or not target:
+        if len(self.languages.pairs) > 1 and (not source or not target):
             raise RequestError(
                 400,
                 f"{'source' if not source else 'target'}: required by this multilingual service "
@@ -212,16 +198,7 @@ class Service:
 
     def listing(self) -> list[dict[str, Any]]:
         """LibreTranslate's /languages: each language and the targets it translates into."""
-        if self.languages is None:
-            return [
-                {
-                    "code": self.source_lang,
-                    "name": language_name(self.source_lang),
-                    "targets": [self.target_lang],
-                },
-                {"code": self.target_lang, "name": language_name(self.target_lang), "targets": []},
-            ]
-        pairs = [pair.split("-") for pair in self.languages.pairs]
+        pairs = self.languages.pairs
         return [
             {
                 "code": code,
@@ -231,21 +208,23 @@ class Service:
                     for target in self.languages.targets
                     if target != code
                     and (
-                        self.zero_shot and code in self.languages.sources or [code, target] in pairs
+                        self.zero_shot
+                        and self.languages.tagged
+                        and code in self.languages.sources
+                        or f"{code}-{target}" in pairs
                     )
                 ),
             }
-            for code in self.codes
+            for code in self.languages.codes
         ]
 
     def detect(self, texts: list[str]) -> list[tuple[str, float]]:
         """(language, confidence 0-100) of each text, among the languages the model reads."""
         from nmt.eval.language_id import detect
 
-        sources = self.languages.sources if self.languages is not None else [self.source_lang]
         return [
             (lang, round(100.0 * confidence, 2))
-            for lang, confidence in detect(texts, languages=sources)
+            for lang, confidence in detect(texts, languages=self.languages.sources)
         ]
 
 

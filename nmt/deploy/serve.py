@@ -27,7 +27,7 @@ from nmt.config import EvalConfig, ServeConfig, ServeIOConfig
 from nmt.deploy.batcher import DynamicBatcher
 from nmt.deploy.protocol import RequestError, Service, TranslateRequest, parse_request
 from nmt.eval.ct2_model import CT2Model
-from nmt.eval.translate import Translator, language_pair
+from nmt.eval.translate import Translator
 
 __all__ = [
     "DynamicBatcher",
@@ -68,13 +68,8 @@ def listen(host: str, port: int) -> socket.socket:
 def warm_up(translator: Translator) -> None:
     """First-call allocations happen here, not in a user's request; under any --min-len (an
     impossible one failed when the translator was made, a long one may not fit "warm up")."""
-    languages = translator.languages
-    direction = (
-        {}
-        if languages is None
-        else dict(zip(("source_lang", "target_lang"), languages.pairs[0].split("-")))
-    )
-    translator.translate(["warm up"], min_len=0, **direction)
+    first = translator.languages.first
+    translator.translate(["warm up"], min_len=0, source_lang=first.source, target_lang=first.target)
 
 
 def run_server(io: ServeIOConfig, cfg: ServeConfig, search: EvalConfig) -> int:
@@ -89,8 +84,9 @@ def run_server(io: ServeIOConfig, cfg: ServeConfig, search: EvalConfig) -> int:
 
     # Listen first: a taken port is reported at once, and early clients wait in the backlog.
     with listen(io.host, io.port) as sock:
-        source_lang, target_lang = language_pair(io.path)
         translator = load_translator(io, search)
+        source_lang = ",".join(translator.languages.sources)
+        target_lang = ",".join(translator.languages.targets)
         started = time.perf_counter()
         warm_up(translator)
         logger.info(
@@ -104,8 +100,6 @@ def run_server(io: ServeIOConfig, cfg: ServeConfig, search: EvalConfig) -> int:
         app = create_app(
             translator,
             cfg,
-            source_lang=source_lang,
-            target_lang=target_lang,
             backend=backend,
             zero_shot=io.zero_shot,
         )

@@ -37,7 +37,7 @@ import numpy as np
 from nmt.config import EvalConfig, ModelConfig, from_dict
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.eval.hypothesis import Hypothesis, max_target_lengths
-from nmt.eval.languages import Languages
+from nmt.languages import Languages
 
 EXPORT_MANIFEST = "nmt_export.json"
 EXPORT_FORMAT = "nmt-ctranslate2"
@@ -116,7 +116,7 @@ class CT2Model:
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         name: str = "<ctranslate2 model>",
-        languages: Languages | None = None,
+        languages: Languages,
     ) -> None:
         self.translator = translator  # a ctranslate2.Translator
         self.languages = languages
@@ -171,7 +171,7 @@ class CT2Model:
             src_spm=src_spm,
             tgt_spm=tgt_spm,
             name=directory,
-            languages=Languages.from_vocab(manifest.get("languages", {})),
+            languages=Languages.from_vocab({**manifest, **manifest.get("languages", {})}),
         )
 
     @property

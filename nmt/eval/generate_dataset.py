@@ -42,7 +42,6 @@ from nmt.data.manifest import (
 )
 from nmt.data.monolingual import require_monolingual
 from nmt.data.spm import BT_TAG, EOS_ID, UNK_ID, SentencePieceModel
-from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.translate import Translator
 from nmt.fileio import (
     Destination,
@@ -52,6 +51,7 @@ from nmt.fileio import (
     exclusive_lock,
     lock_path_beside,
 )
+from nmt.languages import BILINGUAL, Direction
 
 logger = logging.getLogger("nmt.eval")
 

@@ -25,8 +25,8 @@ from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.device import resolve_device
 from nmt.eval.ensemble import Ensemble
 from nmt.eval.hypothesis import Hypothesis
-from nmt.eval.languages import Languages
 from nmt.eval.search import generate
+from nmt.languages import Languages
 from nmt.model import TransformerModel, build_model
 
 logger = logging.getLogger("nmt.eval")
@@ -59,9 +59,9 @@ def load_models(
     device: str | torch.device,
     average: bool,
     dtype: str | torch.dtype | None,
-) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel, Languages | None]:
-    """Checkpoints -> the models on ``device`` with the SentencePiece models they carry (and a
-    multilingual model's directions)."""
+) -> tuple[list[TransformerModel], SentencePieceModel, SentencePieceModel, Languages]:
+    """Checkpoints -> the models on ``device`` with the SentencePiece models and the directions
+    they carry."""
     device = resolve_device(str(device))
     dtype = decode_dtype(device, dtype)
     logger.info("decoding on %s with PyTorch", device)

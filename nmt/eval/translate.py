@@ -37,8 +37,8 @@ from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.constraint_input import check_phrases
 from nmt.eval.ct2_model import CT2Model, read_export_manifest
 from nmt.eval.hypothesis import Hypothesis, LengthLimitError, check_min_len
-from nmt.eval.languages import BILINGUAL, Direction, Languages
 from nmt.eval.score import Score, score
+from nmt.languages import BILINGUAL, Direction, Languages
 
 if TYPE_CHECKING:  # torch is imported for checkpoints only: an exported model translates without it
     import torch
@@ -142,6 +142,10 @@ def language_pair(path: str) -> tuple[str, str]:
     return vocab.get("source_lang", "src"), vocab.get("target_lang", "tgt")
 
 
+# The languages of a model given without them (built in Python): one direction, checkpoints' names.
+UNNAMED = Languages.one_direction("src", "tgt")
+
+
 class Translator:
     """Text in, text out, with one model or an ensemble of several (the mean of their probabilities)."""
 
@@ -152,10 +156,10 @@ class Translator:
         src_spm: SentencePieceModel,
         tgt_spm: SentencePieceModel,
         config: EvalConfig | None = None,
-        languages: Languages | None = None,
+        languages: Languages = UNNAMED,
     ) -> None:
-        """``languages``: a multilingual model's directions and tag placement (None: bilingual;
-        an export carries its own)."""
+        """``languages``: the model's directions and how each is asked for (the checkpoint's; an
+        export carries its own)."""
         self.backend: TorchModels | CT2Model
         if isinstance(
             model, CT2Model
@@ -245,11 +249,10 @@ class Translator:
         *,
         zero_shot: bool = False,
     ) -> Direction:
-        """How to ask for ``source_lang``-``target_lang``: a multilingual model needs both (one line
-        naming its directions otherwise); a bilingual one needs neither (given, they are checked)."""
-        if self.languages is not None:
-            return self.languages.direction(source_lang, target_lang, zero_shot=zero_shot)
-        return BILINGUAL
+        """How to ask for ``source_lang``-``target_lang``: a model of several directions needs both
+        (one line naming its directions otherwise); one of one direction neither (given, they are
+        checked)."""
+        return self.languages.direction(source_lang, target_lang, zero_shot=zero_shot)
 
     @overload
     def translate(self, lines: str, *, progress: bool = False, **options: Any) -> str: ...

@@ -95,10 +95,7 @@ def read_vocab(manifest: Manifest, *, lang_tok: str = "encoder") -> dict[str, An
         "target_lang": manifest.target_lang,
         "special_ids": dict(manifest.special_ids),
     }
-    if manifest.multilingual:
-        vocab.update(
-            lang_pairs=list(manifest.lang_pairs), tags=dict(manifest.tags), lang_tok=lang_tok
-        )
+    vocab.update(manifest.languages(lang_tok).to_vocab())  # nothing for one untagged direction
     for side, name in (("src", manifest.spm.src_model), ("tgt", manifest.spm.tgt_model)):
         with open(manifest.path(name), "rb") as handle:
             vocab[f"{side}_spm"] = bytes_to_tensor(handle.read())
@@ -165,7 +162,7 @@ def run_identity(
             "languages": f"{manifest.source_lang}-{manifest.target_lang}",
             **(
                 {"directions": ",".join(manifest.lang_pairs), "--lang-tok": cfg.data.lang_tok}
-                if manifest.multilingual
+                if manifest.languages().tagged
                 else {}
             ),
             **{

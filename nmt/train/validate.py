@@ -14,8 +14,7 @@ from nmt.train.stopping import Progress
 
 logger = logging.getLogger(__name__)
 
-# Per direction ("" on a bilingual dataset): (loss sum, nll sum, target tokens) of the validation
-# split, all ranks: nats.
+# Per direction: (loss sum, nll sum, target tokens) of the validation split, all ranks: nats.
 EvaluateLoss = Callable[[], dict[str, tuple[float, float, int]]]
 # BLEU of the validation split, or per direction (rank 0 decodes; every rank gets the scores).
 EvaluateBleu = Callable[[], float | dict[str, float]]
@@ -77,7 +76,8 @@ class Validator:
         if self.evaluate_bleu is not None:
             bleu = self.evaluate_bleu()
             if isinstance(bleu, dict):  # per direction: their mean chooses the best checkpoint
-                metrics.update({f"{pair}_bleu": value for pair, value in bleu.items()})
+                if len(bleu) > 1:
+                    metrics.update({f"{pair}_bleu": value for pair, value in bleu.items()})
                 bleu = sum(bleu.values()) / len(bleu)
             metrics["valid_bleu"] = bleu
         by_bleu = self.cfg.best_checkpoint_metric == "bleu"
@@ -114,10 +114,9 @@ def direction_metrics(sums: dict[str, tuple[float, float, int]]) -> dict[str, fl
     loss = sum(value[0] for value in per_token.values()) / len(per_token)
     nll = sum(value[1] for value in per_token.values()) / len(per_token)
     metrics = {"valid_loss": loss, "valid_nll": nll, "valid_ppl": perplexity(nll)}
-    for name, (direction_loss, direction_nll) in per_token.items():
-        if name:
-            metrics[f"{name}_loss"] = direction_loss
-            metrics[f"{name}_ppl"] = perplexity(direction_nll)
+    for name, (direction_loss, direction_nll) in per_token.items() if len(per_token) > 1 else ():
+        metrics[f"{name}_loss"] = direction_loss
+        metrics[f"{name}_ppl"] = perplexity(direction_nll)
     return metrics
 
 

@@ -105,8 +105,9 @@ def test_upsampled_directions_get_their_factor_of_each_epoch(multi_data, tiny_da
         f"--upsample-directions en-cs: {multi_data} has no such direction "
         "(has: en-de, de-en, en-fr, fr-en)"
     )
-    with pytest.raises(ValueError, match="--upsample-directions: .* is not multilingual"):
-        TrainingDataPlan(DataConfig(data_dir=tiny_data, upsample_directions="en-de:2"), seed=1)
+    # A bilingual dataset is the one-direction case: its direction is known, no other.
+    with pytest.raises(ValueError, match=r"--upsample-directions de-en: .* \(has: en-de\)$"):
+        TrainingDataPlan(DataConfig(data_dir=tiny_data, upsample_directions="de-en:2"), seed=1)
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,14 @@ from _serve_helpers import get, post, serve
 
 from nmt.deploy.serve import RequestError, ServeConfig, Service, parse_request
 from nmt.eval import Translator
+from nmt.languages import Languages
 
 
 def _parse(body: bytes, **limits):
     asked = parse_request(body, **{"max_sentences": 4, **limits})
-    Service("en", "de").direction(None if asked.source == "auto" else asked.source, asked.target)
+    Service(Languages.one_direction("en", "de")).direction(
+        None if asked.source == "auto" else asked.source, asked.target
+    )
     return asked.lines, asked.is_list
 
 

@@ -16,8 +16,8 @@ import pytest
 from nmt.config import EvalConfig
 from nmt.deploy.batcher import DynamicBatcher
 from nmt.eval.hypothesis import Hypothesis, LengthLimitError
-from nmt.eval.languages import BILINGUAL, Direction
 from nmt.eval.translate import Translation
+from nmt.languages import BILINGUAL, Direction
 
 EOS = 2
 TAGS = {7: "<2fr>"}

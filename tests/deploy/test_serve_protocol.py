@@ -19,7 +19,7 @@ from nmt.deploy.protocol import (
     untranslatable,
 )
 from nmt.eval.hypothesis import LengthLimitError
-from nmt.eval.languages import BILINGUAL, Direction, Languages
+from nmt.languages import BILINGUAL, Direction, Languages
 
 FORM = "application/x-www-form-urlencoded"
 MULTI = Languages(
@@ -93,24 +93,29 @@ def test_the_sentence_limit_counts_lines_and_names_its_option() -> None:
 
 
 def test_a_bilingual_service_takes_its_own_direction_or_none() -> None:
-    service = Service("en", "de")
+    service = Service(Languages.one_direction("en", "de"))
     assert service.direction(None, None) is BILINGUAL
     assert service.direction("en", "de") is BILINGUAL
+    assert service.direction("en", None) is BILINGUAL
     assert not service.detects(parse({"q": "a", "source": "auto"}))
-    error = refusal(service.direction, "en", "fr")
-    assert (error.status, error.message) == (
-        400,
-        "target: this service translates en -> de, not target 'fr'",
-    )
+    for source, target in (("en", "fr"), ("de", "en")):
+        error = refusal(service.direction, source, target)
+        assert (error.status, error.message) == (
+            400,
+            f"direction {source}-{target}: not in the model (it has en-de)",
+        )
+    # --zero-shot asks nothing of an untagged model: it has no tag to ask another direction with.
+    assert refusal(Service(service.languages, zero_shot=True).direction, "de", "en").status == 400
     assert service.first_pair == ("en", "de")
+    assert (service.source_lang, service.target_lang) == ("en", "de")
     assert service.listing() == [
-        {"code": "en", "name": "English", "targets": ["de"]},
         {"code": "de", "name": "German", "targets": []},
+        {"code": "en", "name": "English", "targets": ["de"]},
     ]
 
 
 def test_a_multilingual_service_takes_its_directions_and_zero_shot_only_when_allowed() -> None:
-    service = Service("en", "de", MULTI)
+    service = Service(MULTI)
     assert service.direction("de", "en") == Direction(source_prefix=(6,))
     assert service.detects(parse({"q": "a", "source": "auto", "target": "de"}))
     assert service.first_pair == ("en", "de")
@@ -120,12 +125,10 @@ def test_a_multilingual_service_takes_its_directions_and_zero_shot_only_when_all
     untrained = refusal(service.direction, "de", "fr").message
     assert untrained.startswith("direction de-fr: not in the model (it has en-de, de-en, en-fr")
     assert "need nmt-serve --zero-shot" in untrained  # the option as the server names it
-    assert Service("en", "de", MULTI, zero_shot=True).direction("de", "fr") == Direction(
-        source_prefix=(7,)
-    )
+    assert Service(MULTI, zero_shot=True).direction("de", "fr") == Direction(source_prefix=(7,))
     listing = {entry["code"]: entry["targets"] for entry in service.listing()}
     assert listing == {"de": ["en"], "en": ["de", "fr"], "fr": []}
-    zero_shot = Service("en", "de", MULTI, zero_shot=True).listing()
+    zero_shot = Service(MULTI, zero_shot=True).listing()
     assert {entry["code"]: entry["targets"] for entry in zero_shot}["de"] == ["en", "fr"]
 
 
