@@ -7,6 +7,7 @@ decides what a training checkpoint holds and when old ones go.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -32,7 +33,7 @@ from nmt.checkpoint_io import (
     numbered_checkpoints,
     numbered_name,
 )
-from nmt.config import CheckpointConfig, ModelConfig, TrainConfig, option_name, to_dict
+from nmt.config import RUN_IDENTITIES, CheckpointConfig, ModelConfig, TrainConfig
 from nmt.data.manifest import Manifest
 from nmt.data.subsets import subset_entry, subset_manifest
 from nmt.fileio import (
@@ -41,6 +42,7 @@ from nmt.fileio import (
     remove_stale_temporaries,
     temporary_sibling,
 )
+from nmt.provenance import defaults, differences, identity
 from nmt.train.stopping import Progress
 
 logger = logging.getLogger(__name__)
@@ -102,8 +104,9 @@ def read_vocab(manifest: Manifest, *, lang_tok: str = "encoder") -> dict[str, An
     return vocab
 
 
-# What a run is, for resuming it: one group per reset flag that accepts a change in it. The
-# vocabulary and the model's shape can never change under the same weights.
+# What a run is, for resuming it: one part per reset flag that accepts a change in it (the options
+# of each part are declared with opt(identity=...) in nmt.config). The vocabulary and the model's
+# shape can never change under the same weights.
 IDENTITY_RESETS = {
     "vocabulary": None,
     "model": None,
@@ -112,22 +115,24 @@ IDENTITY_RESETS = {
     "optimizer": "--reset-optimizer",
     "learning-rate schedule": "--reset-lr-scheduler",
 }
-# Model options a resumed run may change (they shape no weight).
-MODEL_OPTIONS_FREE_TO_CHANGE = ("dropout", "attention_dropout", "activation_dropout", "attention")
-# Model options newer than the run identity, with their defaults: left out of it at those values,
-# so a run begun before they existed still resumes.
-MODEL_OPTIONS_ADDED_LATER = {
-    "sinusoidal_positions": "fairseq",
-    "position_offset": 0,
-    "output_bias": False,
-    "decoder_start_id": None,
-}
+assert set(RUN_IDENTITIES) <= set(IDENTITY_RESETS)
+# Model options a resumed run may change: those of no identity (they shape no weight).
+MODEL_OPTIONS_FREE_TO_CHANGE = tuple(
+    f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("identity") is None
+)
+
+
+def _declared_by(group: str) -> type:
+    return ModelConfig if group == "model" else TrainConfig
 
 
 def run_identity(
     cfg: TrainConfig, model_cfg: ModelConfig, manifest: Manifest
 ) -> dict[str, dict[str, Any]]:
     """The options and data a checkpoint's state belongs to, grouped as ``IDENTITY_RESETS``."""
+    options = {
+        group: identity(model_cfg if group == "model" else cfg, group) for group in RUN_IDENTITIES
+    }
     spm_files = sorted({manifest.spm.src_model, manifest.spm.tgt_model})
     train_splits = manifest.training_splits(cfg.data.train_subsets)
     train_files: dict[str, str] = {}
@@ -142,40 +147,19 @@ def run_identity(
             for name, checksum in holder.checksums.items()
             if name.startswith(prefixes)
         )
-    batching = {option_name(k): v for k, v in to_dict(cfg.data.batching).items()}
-    for name in (
-        "train_subsets",
-        "subset_weights",
-        "sampling_temperature",
-        "epoch_samples",
-        "curriculum",
-    ):
-        batching[option_name(name)] = to_dict(cfg.data)[name]
-    # Newer than the run identity: left out when not given, so that older runs still resume. Parsed,
-    # so that en-de:2 and en-de:2.0 are the same run.
-    if cfg.data.direction_factors:
-        batching["--upsample-directions"] = dict(sorted(cfg.data.direction_factors.items()))
-    batching["--seed"] = cfg.run.seed
-    optim = to_dict(cfg.optim)
     return {
         "vocabulary": {
             "languages": f"{manifest.source_lang}-{manifest.target_lang}",
             **(
-                {"directions": ",".join(manifest.lang_pairs), "--lang-tok": cfg.data.lang_tok}
-                if manifest.languages().tagged
-                else {}
+                {"directions": ",".join(manifest.lang_pairs)} if manifest.languages().tagged else {}
             ),
             **{
                 f"SentencePiece model {name}": manifest.checksums.get(name, "?")
                 for name in spm_files
             },
+            **options["vocabulary"],
         },
-        "model": {
-            option_name(k): v
-            for k, v in to_dict(model_cfg).items()
-            if k not in MODEL_OPTIONS_FREE_TO_CHANGE
-            and (k not in MODEL_OPTIONS_ADDED_LATER or MODEL_OPTIONS_ADDED_LATER[k] != v)
-        },
+        "model": options["model"],
         "training data": {
             **dict(sorted(train_files.items())),
             **{
@@ -183,55 +167,22 @@ def run_identity(
                 for split in train_splits
             },
         },
-        "batch sequence": batching,
-        "optimizer": {
-            option_name(k): optim[k]
-            for k in ("optimizer", "adam_betas", "adam_eps", "weight_decay")
-        },
+        "batch sequence": options["batch sequence"],
+        "optimizer": options["optimizer"],
         "learning-rate schedule": {
-            **{
-                option_name(k): optim[k]
-                for k in (
-                    "lr",
-                    "lr_scheduler",
-                    "warmup_updates",
-                    "warmup_init_lr",
-                    "min_lr",
-                    "lr_scaling",
-                    "lr_scaling_reference",
-                    "lr_scaling_by",
-                )
-            },
+            **options["learning-rate schedule"],
+            # the cosine schedule runs to --max-update: it is part of the schedule only then
             "--max-update": cfg.run.max_update if cfg.optim.lr_scheduler == "cosine" else None,
         },
     }
-
-
-def identity_differences(
-    saved: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]
-) -> dict[str, list[str]]:
-    """Per group, one line per item that differs: ``--max-tokens: 4096 in the checkpoint, 2048 now``."""
-    differences: dict[str, list[str]] = {}
-    for group, items in current.items():
-        before = saved.get(group, {})
-        for item in sorted(set(items) | set(before)):
-            old, new = before.get(item, "(none)"), items.get(item, "(none)")
-            if _plain(old) != _plain(new):
-                differences.setdefault(group, []).append(
-                    f"{item}: {old!r} in the checkpoint, {new!r} now"
-                )
-    return differences
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
 
 
 def check_identity(
     path: str, saved: dict[str, Any] | None, current: dict[str, Any], cfg: CheckpointConfig
 ) -> None:
     """ValueError listing, one line per item, what differs between ``path``'s run and this one and
-    no --reset-* flag of ``cfg`` accepts."""
+    no --reset-* flag of ``cfg`` accepts. An option newer than the checkpoint compares as its
+    default: the code that wrote the checkpoint behaved as that default does."""
     if saved is None:
         logger.warning(
             "%s records no run identity (an older checkpoint): options not checked", path
@@ -243,7 +194,15 @@ def check_identity(
         "--reset-lr-scheduler": cfg.reset_lr_scheduler,
     }
     refused = []
-    for group, lines in identity_differences(saved, current).items():
+    for group, items in current.items():
+        lines = differences(
+            saved.get(group, {}),
+            items,
+            absent=defaults(_declared_by(group), group) if group in RUN_IDENTITIES else None,
+            labels=("in the checkpoint", "now"),
+        )
+        if not lines:
+            continue
         flag = IDENTITY_RESETS[group]
         if flag is not None and accepted[flag]:
             logger.info("%s: %s accepts the changed %s (%s)", path, flag, group, "; ".join(lines))
