@@ -17,7 +17,7 @@ Standard library only (torch is looked at, not required), so any script can writ
 from __future__ import annotations
 
 import datetime
-import importlib.util
+import importlib.metadata
 import json
 import os
 import platform
@@ -80,13 +80,14 @@ def machine() -> dict[str, Any]:
         # Shared machines: the 1/5/15-minute load averages at the end of the measurement.
         "load": [round(load, 2) for load in os.getloadavg()],
     }
-    # Importing torch costs seconds; a benchmark that already did pays nothing here.
-    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        import torch
-
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        info["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # Importing torch costs seconds: only a process that already did (every GPU job) is asked.
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
     return info
 
 
