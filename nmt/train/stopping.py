@@ -133,8 +133,11 @@ class Stopping:
         """This run's wall-clock time, set-up included, plus that of the runs it resumed."""
         return self.earlier_seconds + time.perf_counter() - self.started
 
-    def before_start(self, *, epoch: int) -> str | None:
-        """A resumed run may have nothing left to do; ``epoch``: the 1-based epoch it would start in."""
+    def before_start(self, *, epoch: int, num_updates: int) -> str | None:
+        """A resumed run may have nothing left to do; ``epoch``: the 1-based epoch it would start in,
+        ``num_updates``: the updates it resumed after (a finished run must not make one more)."""
+        if self.cfg.max_update and num_updates >= self.cfg.max_update:
+            return f"--max-update {self.cfg.max_update} reached by the runs this one resumed"
         if 0 < self.limit_seconds <= self.earlier_seconds:
             return (
                 f"--stop-time-hours {self.cfg.stop_time_hours} reached by the runs this one resumed"

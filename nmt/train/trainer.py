@@ -158,7 +158,9 @@ class Trainer:
                 if self.cfg.run.compile:
                     assert self.plan.static is not None
                     self.compiled = compile_for_shapes(self.step, self.plan.static)
-                reason = self.stopping.before_start(epoch=self.plan.epoch)
+                reason = self.stopping.before_start(
+                    epoch=self.plan.epoch, num_updates=self.num_updates
+                )
                 several = self.session.world_size > 1
                 agreements = Agreements(
                     after_update=self.num_updates,

@@ -78,3 +78,15 @@ def test_a_slow_down_shortens_the_next_interval():
 def test_one_rank_agrees_after_every_update():
     agreed_at, _ = simulate([0.01] * 50, world_size=1, target_seconds=0.0)
     assert agreed_at == list(range(1, 51))
+
+
+def test_a_run_resumed_at_its_max_update_makes_no_more():
+    from nmt.config import RunConfig
+    from nmt.train.stopping import Stopping
+
+    stopping = Stopping(RunConfig(max_update=6))
+
+    assert stopping.before_start(epoch=3, num_updates=5) is None
+    assert stopping.before_start(epoch=3, num_updates=6) == (
+        "--max-update 6 reached by the runs this one resumed"
+    )
