@@ -14,7 +14,7 @@ import pytest
 from nmt.plot import read_curves
 from nmt_cli.plot import main
 
-from .conftest import TINY_MODEL_FLAGS, run_forked
+from .helpers import TINY_MODEL_FLAGS, run_forked
 
 
 @pytest.fixture(scope="module")

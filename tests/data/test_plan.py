@@ -140,28 +140,10 @@ def test_static_shapes_hold_every_batch(tiny_data):
             assert micro.batch["src_tokens"].shape == micro.batch["target"].shape
 
 
-def test_long_samples_are_refused_for_training_and_truncated_for_validation(tmp_path, caplog):
-    from nmt.config import PreprocessConfig
-    from nmt.data.preprocess import preprocess
-
-    from ..conftest import _pairs, _write
-
-    _write(tmp_path, "train", _pairs(200, seed=1))
-    valid = _pairs(10, seed=2)
-    valid[3] = (" ".join(["dog"] * 200), " ".join(["hund"] * 200))  # longer than any position below
-    _write(tmp_path, "valid", valid)
-    data_dir = str(tmp_path / "data")
-    preprocess(
-        PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[str(tmp_path / "train")],
-            validpref=[str(tmp_path / "valid")],
-            destdir=data_dir,
-            spm_vocab_size=60,
-            workers=1,
-        )
-    )
+def test_long_samples_are_refused_for_training_and_truncated_for_validation(
+    long_valid_data, caplog
+):
+    data_dir = long_valid_data  # its 4th validation pair is longer than any position below
     with pytest.raises(
         ValueError, match="--max-source-positions 8: the training data has samples of"
     ):

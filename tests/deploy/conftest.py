@@ -8,15 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ..conftest import _eval_conftest
+from ..helpers import TinySetup, one_thread
 
 # --import-mode=importlib keeps test folders off sys.path: the tests import _serve_helpers through this.
 sys.path.insert(0, os.path.dirname(__file__))
-
-
-eval_conftest = _eval_conftest()
-one_thread = eval_conftest.one_thread
-TinySetup = eval_conftest.TinySetup
 
 
 @pytest.fixture(autouse=True)

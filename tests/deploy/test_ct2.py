@@ -23,6 +23,8 @@ from nmt.model import build_model
 from nmt_cli.eval import main as eval_main
 from nmt_cli.export import main as export_main
 
+from ..helpers import tiny_model_config
+
 # an extra ([ct2]): CI installs it, a bare GPU machine running `pytest -m cuda` may not
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -124,22 +126,14 @@ def test_every_weight_maps_exactly(tiny, tmp_path, variant) -> None:
     """Teacher-forced log-probabilities of CTranslate2 (score_batch) equal ours on random models."""
     state = load_checkpoint(tiny.checkpoint)
     vocab_size = state["model_config"]["src_vocab_size"]
-    base = dict(
-        src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size,
-        encoder_layers=2,
+    cfg = tiny_model_config(  # shares no embedding unless the variant says so
+        vocab_size,
+        dim=64,
         decoder_layers=3,
-        encoder_embed_dim=64,
-        decoder_embed_dim=64,
-        encoder_ffn_embed_dim=128,
-        decoder_ffn_embed_dim=128,
-        dropout=0.0,
         max_source_positions=40,
         max_target_positions=48,
-        share_all_embeddings=False,  # each variant says what it shares
-        share_decoder_input_output_embed=False,
+        **_config_variants()[variant],
     )
-    cfg = ModelConfig(**{**base, **_config_variants()[variant]})
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():  # random biases and norms, so a bias or norm mapped wrong shows

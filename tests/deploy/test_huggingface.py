@@ -26,6 +26,8 @@ from nmt.model import build_model
 from nmt_cli.export import main as export_main
 from nmt_cli.import_model import main as import_main
 
+from ..helpers import tiny_model_config
+
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
@@ -37,24 +39,8 @@ def _random_checkpoint(tiny, path, **overrides) -> str:
     wrongly mapped one shows."""
     state = load_checkpoint(tiny.checkpoint)
     vocab_size = state["model_config"]["src_vocab_size"]
-    values = dict(
-        src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_embed_dim=32,
-        decoder_embed_dim=32,
-        encoder_ffn_embed_dim=64,
-        decoder_ffn_embed_dim=64,
-        encoder_attention_heads=4,
-        decoder_attention_heads=2,
-        dropout=0.0,
-        max_source_positions=40,
-        max_target_positions=48,
-        share_all_embeddings=False,  # each caller says what it shares
-        share_decoder_input_output_embed=False,
-    )
-    cfg = ModelConfig(**{**values, **overrides})
+    values = dict(decoder_attention_heads=2, max_source_positions=40, max_target_positions=48)
+    cfg = tiny_model_config(vocab_size, **{**values, **overrides})  # shares what the caller says
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():

@@ -18,7 +18,7 @@ from nmt.eval import Translator
 from nmt_cli.export import main as export_main
 from nmt_cli.import_model import main as import_main
 
-from ..conftest import MULTI_PAIRS
+from ..helpers import MULTI_PAIRS
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,7 +15,7 @@ from _serve_helpers import get, post, serve
 
 from nmt.eval import Translator
 
-from ..conftest import MULTI_PAIRS
+from ..helpers import MULTI_PAIRS
 
 SENTENCES = ["the dog runs on the mat", "a big red ball"]
 

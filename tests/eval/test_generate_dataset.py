@@ -24,7 +24,7 @@ from nmt.data.spm import BT_TAG, SentencePieceModel
 from nmt_cli.eval import main as eval_main
 from nmt_cli.preprocess import main as preprocess_main
 
-from ..conftest import run_torchrun
+from ..helpers import TINY_MODEL_PAIRS, random_pairs, run_torchrun, tiny_checkpoint
 
 NUM_MONO = 120
 
@@ -40,10 +40,8 @@ def _one_error_line(err: str, *fragments: str) -> None:
 def mono(tiny, tmp_path_factory):
     """A monolingual English dataset in the tiny model's vocabulary (its source language: the
     tiny en->de model back-translates it into synthetic German sources for a de->en dataset)."""
-    from tests.eval.conftest import random_pairs
-
     root = tmp_path_factory.mktemp("mono")
-    src, _ = random_pairs(NUM_MONO, seed=7)
+    src, _ = random_pairs(NUM_MONO, seed=7, **TINY_MODEL_PAIRS)
     (root / "mono.en").write_text("\n".join(src) + "\n", encoding="utf-8")
     spm = os.path.join(tiny.data_dir, "spm.model")
     args = ["--only-source", "-s", "en", "--trainpref", str(root / "mono"), "--spm-model", spm]
@@ -199,13 +197,13 @@ def test_the_same_dataset_through_a_link_or_moved_is_the_same_input(
     capsys.readouterr()
     args = _bt_args(tiny, str(tmp_path / "o"), reference_run, *SAMPLED, "--tag-source")
     assert eval_main(args) == 1
-    _one_error_line(capsys.readouterr().err, "other options", "input.tokens")
+    _one_error_line(capsys.readouterr().err, "other options", "input tokens: [")
 
 
 def test_refusals_are_one_line(tiny, mono, reference_run, tmp_path, capsys):
     # other options into a finished dataset
     assert eval_main(_bt_args(tiny, mono, reference_run, "--beam", "2")) == 1
-    _one_error_line(capsys.readouterr().err, "other options", "search.beam")
+    _one_error_line(capsys.readouterr().err, "other options", "--beam: 1 in the dataset, 2 now")
     # other options into a begun one
     out = tmp_path / "bt"
     chunks = tmp_path / ".bt.chunks"
@@ -222,9 +220,7 @@ def test_refusals_are_one_line(tiny, mono, reference_run, tmp_path, capsys):
 
 
 def test_other_vocabulary_and_direction_are_one_line(tiny, tmp_path, capsys):
-    from tests.eval.conftest import random_pairs
-
-    _, tgt = random_pairs(40, seed=8)
+    _, tgt = random_pairs(40, seed=8, **TINY_MODEL_PAIRS)
     (tmp_path / "mono.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
     spm = os.path.join(tiny.data_dir, "spm.model")
     common = ["--only-source", "--trainpref", str(tmp_path / "mono"), "--workers", "1"]
@@ -282,10 +278,8 @@ def tag_loving(tiny, tmp_path_factory):
 
     import torch
 
-    from nmt.checkpoint_io import atomic_torch_save
     from nmt.deploy.ct2 import export_ctranslate2
     from nmt.model import build_model
-    from tests.eval.conftest import checkpoint_state
 
     root = tmp_path_factory.mktemp("tag-loving")
     spm_proto = open(os.path.join(tiny.data_dir, "spm.model"), "rb").read()
@@ -296,8 +290,7 @@ def tag_loving(tiny, tmp_path_factory):
     with torch.no_grad():
         model.output_projection.bias.zero_()
         model.output_projection.bias[tag] = 50.0
-    checkpoint = str(root / "checkpoint.pt")
-    atomic_torch_save(checkpoint_state(model, spm_proto=spm_proto), checkpoint)
+    checkpoint = tiny_checkpoint(model, root / "checkpoint.pt", spm_proto=spm_proto)
     export_ctranslate2([checkpoint], str(root / "ct2"))
     return checkpoint, str(root / "ct2"), tag
 
@@ -401,7 +394,11 @@ def test_forward_translation_keeps_the_real_text_as_source(tiny, mono, tmp_path,
     capsys.readouterr()
     # back-translation into the forward dataset: other options, one line
     assert eval_main(_bt_args(tiny, mono, forward, "--beam", "2")) == 1
-    _one_error_line(capsys.readouterr().err, "other options", "generation")
+    _one_error_line(
+        capsys.readouterr().err,
+        "other options",
+        "--synthetic-side: 'target' in the dataset, 'source' now",
+    )
     # a tag or noise would mark the real source as synthetic
     for flag in ("--tag-source", "--source-noise"):
         assert (
@@ -432,7 +429,7 @@ def test_overwrite_replaces_a_dataset_of_other_options_and_the_refusal_names_it(
     (chunks / "options.json").write_text('{"model": "sha256:0"}')
     assert eval_main(_bt_args(tiny, mono, out, "--beam", "2", "--overwrite")) == 0
     manifest = load_manifest(str(out))
-    assert manifest.config["back_translation"]["search"]["beam"] == 2
+    assert manifest.config["back_translation"]["--beam"] == 2
     capsys.readouterr()
     # --overwrite without --output-dataset is refused
     assert eval_main([mono, "--path", tiny.checkpoint, "--overwrite", "--cpu"]) == 1

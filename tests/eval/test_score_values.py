@@ -24,7 +24,7 @@ from nmt.eval.score import TOKENIZED_LOWERCASE_LABEL, score
 from nmt.eval.translate import Translator
 from nmt_cli.eval import main as eval_main
 
-from ..conftest import train_multilingual
+from ..helpers import train_multilingual
 
 VERSION = sacrebleu.__version__
 # Written out rather than asked of sacreBLEU: a changed default (tokenizer, smoothing, chrF's

@@ -9,12 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.config import EvalConfig, ModelConfig
+from nmt.config import EvalConfig
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
 from nmt.eval import Translator, generate
 from nmt.eval.ensemble import Ensemble
 from nmt.eval.search import _beam_search, max_target_lengths
 from nmt.model import build_model
+
+from ..helpers import padded, tiny_model_config
 
 NEVER = torch.tensor([PAD_ID, BOS_ID])  # what generate() always bans
 
@@ -23,18 +25,13 @@ VOCAB = 6  # pad, bos, eos, unk + 2 pieces: every output of <= 3 tokens can be e
 
 def random_model(*, vocab_size: int, seed: int):
     torch.manual_seed(seed)
-    cfg = ModelConfig(
-        src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size,
+    cfg = tiny_model_config(
+        vocab_size,
+        dim=16,
+        heads=2,
         encoder_layers=1,
-        decoder_layers=2,
-        encoder_embed_dim=16,
-        decoder_embed_dim=16,
-        encoder_ffn_embed_dim=32,
-        decoder_ffn_embed_dim=32,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        dropout=0.0,
+        share_all_embeddings=True,
+        share_decoder_input_output_embed=True,
     )
     model = build_model(cfg).eval()
     with (
@@ -42,14 +39,6 @@ def random_model(*, vocab_size: int, seed: int):
     ):  # sharper distributions than the init's near-uniform ones: fewer near-ties
         model.output_projection.weight.mul_(8.0)
     return model
-
-
-def padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([len(row) for row in rows])
-    tokens = torch.full((len(rows), int(lengths.max())), PAD_ID, dtype=torch.long)
-    for i, row in enumerate(rows):
-        tokens[i, : len(row)] = torch.tensor(row)
-    return tokens, lengths
 
 
 def teacher_forced_scores(
@@ -195,20 +184,7 @@ def test_tags_are_never_generated(tmp_path) -> None:
     whatever the model prefers: here a model whose output bias favours a tag above all."""
     torch.manual_seed(3)
     model = build_model(
-        ModelConfig(
-            src_vocab_size=20,
-            tgt_vocab_size=20,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_embed_dim=16,
-            decoder_embed_dim=16,
-            encoder_ffn_embed_dim=16,
-            decoder_ffn_embed_dim=16,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            dropout=0.0,
-            output_bias=True,
-        )
+        tiny_model_config(20, layers=1, dim=16, ffn=16, heads=2, output_bias=True)
     ).eval()
     with torch.no_grad():
         model.output_projection.bias[5] = 50.0

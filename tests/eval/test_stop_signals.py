@@ -11,11 +11,7 @@ import time
 import pytest
 import torch
 
-from nmt.config import PreprocessConfig
-from nmt.data.preprocess import preprocess
-
-from ..train.conftest import process_group
-from .conftest import random_pairs
+from ..helpers import TINY_MODEL_PAIRS, process_group, tiny_corpus, tiny_dataset
 
 STOP_SECONDS = 10
 
@@ -54,19 +50,9 @@ def test_sigterm_mid_translation_leaves_the_old_output_and_no_temporary(tiny, tm
 def test_sigterm_mid_scoring_leaves_no_dataset_scores_or_temporary(tiny, tmp_path):
     """nmt-filter writes the kept dataset and the scores after scoring: stopped in it, neither
     they nor their work directory or temporary exist."""
-    src, tgt = random_pairs(30000, seed=5)
-    for lang, lines in (("en", src), ("de", tgt)):
-        (tmp_path / f"noisy.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tiny_corpus(tmp_path, {"noisy": (30000, 5)}, **TINY_MODEL_PAIRS)
     spm_model = os.path.join(tiny.data_dir, "spm.model")
-    config = PreprocessConfig(
-        source_lang="en",
-        target_lang="de",
-        trainpref=[str(tmp_path / "noisy")],
-        destdir=str(tmp_path / "data"),
-        spm_model=spm_model,
-        workers=1,
-    )
-    preprocess(config)
+    tiny_dataset(tmp_path, train=["noisy"], valid=(), spm_model=spm_model)
     state = torch.load(tiny.checkpoint, weights_only=False)
     state["vocab"]["source_lang"], state["vocab"]["target_lang"] = "de", "en"
     reverse = tmp_path / "reverse.pt"  # the tiny model read backwards: a de->en model to score with

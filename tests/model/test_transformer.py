@@ -12,30 +12,15 @@ import torch
 from nmt.config import ModelConfig, model_config
 from nmt.model import TransformerModel, build_model, unpack
 
+from ..helpers import tiny_model_config
+
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 50
 
 
 def small_config(**overrides: object) -> ModelConfig:
     """Tiny dims so the whole file runs in seconds on 2 CPU cores."""
-    values: dict[str, object] = dict(
-        src_vocab_size=VOCAB,
-        tgt_vocab_size=VOCAB,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_embed_dim=32,
-        decoder_embed_dim=32,
-        encoder_ffn_embed_dim=64,
-        decoder_ffn_embed_dim=64,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        dropout=0.0,
-        attention="sdpa",
-        share_all_embeddings=False,
-        share_decoder_input_output_embed=False,
-    )
-    values.update(overrides)
-    return ModelConfig(**values)  # type: ignore[arg-type]
+    return tiny_model_config(VOCAB, **{"attention": "sdpa", **overrides})
 
 
 @dataclass

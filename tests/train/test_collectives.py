@@ -10,7 +10,7 @@ import torch
 
 from nmt.train.step import UpdateStep
 
-from ..conftest import run_torchrun
+from ..helpers import run_torchrun
 from .conftest import parse_log, train_command
 from .test_trainer import make_trainer
 

@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from nmt.checkpoint_io import load_checkpoint
-from nmt.config import PreprocessConfig
-from nmt.data.preprocess import preprocess
 
-from ..conftest import _pairs, _write
+from ..helpers import tiny_corpus, tiny_dataset
 from .conftest import TINY_MODEL_FLAGS, run_subprocess
 from .test_trainer import make_trainer
 
@@ -72,20 +70,8 @@ def fairseq_data(tmp_path_factory):
     costs seconds per thousand tokens on 2 cores (tiny_data's 600 pairs took 30 s), and BLEU
     validation decodes every validation pair to 1.2x its length + 10 with beam 5."""
     root = tmp_path_factory.mktemp("fairseq")
-    _write(root, "train", _pairs(60, seed=30))
-    _write(root, "valid", _pairs(4, seed=31))
-    preprocess(
-        PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[str(root / "train")],
-            validpref=[str(root / "valid")],
-            destdir=str(root / "data"),
-            spm_vocab_size=60,
-            workers=1,
-        )
-    )
-    return str(root / "data")
+    tiny_corpus(root, {"train": (60, 30), "valid": (4, 31)}, reverse=True)
+    return tiny_dataset(root)
 
 
 @pytest.mark.slow

@@ -12,11 +12,9 @@ import sys
 import pytest
 
 from nmt.checkpoint_io import load_checkpoint
-from nmt.config import PreprocessConfig
-from nmt.data.preprocess import preprocess
 
-from ..conftest import _pairs, _write
-from .conftest import parse_log, process_group, run_subprocess, train_command
+from ..helpers import process_group, tiny_corpus, tiny_dataset
+from .conftest import parse_log, run_subprocess, train_command
 
 
 def assert_one_line_error(result, *fragments):
@@ -154,28 +152,11 @@ def test_restore_file_starts_a_new_run_from_another_runs_weights(tiny_data, tmp_
     assert again.returncode == 0 and [r["update"] for r in parse_log(again.stdout)] == [32]
 
 
-def test_a_validation_sentence_longer_than_the_positions_is_truncated_not_fatal(tmp_path):
-    from nmt.config import PreprocessConfig
-    from nmt.data.preprocess import preprocess
-
-    _write(tmp_path, "train", _pairs(200, seed=1))
-    valid = _pairs(10, seed=2)
-    valid[3] = (" ".join(["dog"] * 200), " ".join(["hund"] * 200))
-    _write(tmp_path, "valid", valid)
-    data = str(tmp_path / "data")
-    preprocess(
-        PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[str(tmp_path / "train")],
-            validpref=[str(tmp_path / "valid")],
-            destdir=data,
-            spm_vocab_size=60,
-            workers=1,
-        )
-    )
+def test_a_validation_sentence_longer_than_the_positions_is_truncated_not_fatal(
+    long_valid_data, tmp_path
+):
     result = train(
-        data,
+        long_valid_data,
         tmp_path / "ck",
         "--max-update",
         "3",
@@ -366,19 +347,8 @@ def test_stop_time_hours_counts_the_time_of_the_runs_it_resumed(tiny_data, tmp_p
 
 
 def test_a_vocabulary_per_language_is_never_shared(tmp_path):
-    _write(tmp_path, "train", _pairs(300, seed=5))
-    separate = str(tmp_path / "data")
-    preprocess(
-        PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[str(tmp_path / "train")],
-            destdir=separate,
-            spm_vocab_size=60,
-            separate_vocab=True,
-            workers=1,
-        )
-    )
+    tiny_corpus(tmp_path, {"train": (300, 5)}, reverse=True)
+    separate = tiny_dataset(tmp_path, valid=(), separate_vocab=True)
     # Same vocabulary sizes, other pieces: sharing them would pass every size check and train nonsense.
     assert_one_line_error(
         train(separate, tmp_path / "ck", "--max-update", "1"),

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 
-from nmt.checkpoint_io import atomic_torch_save
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.difficulty import read_scores
 from nmt.data.manifest import load_manifest
@@ -17,7 +16,15 @@ from nmt.train.filtering import dual_conditional_cross_entropy, kept_indices
 from nmt_cli.filter import main as filter_main
 from nmt_cli.preprocess import main as preprocess_main
 
-from ..conftest import run_torchrun
+from ..helpers import (
+    TINY_MODEL_PAIRS,
+    one_thread,
+    random_pairs,
+    run_torchrun,
+    tiny_checkpoint,
+    train_tiny_model,
+    write_corpus,
+)
 
 NUM_PAIRS, NUM_BAD = 160, 40
 
@@ -38,8 +45,6 @@ def test_dual_conditional_cross_entropy_and_what_is_kept():
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tiny models gain nothing from threads; on a loaded 2-core machine two threads oversubscribe."""
-    from tests.eval.conftest import one_thread
-
     with one_thread():
         yield
 
@@ -60,8 +65,6 @@ class _Swapped:
 def setup(tiny, tmp_path_factory):
     """The tiny en->de model, a de->en one trained the same way, and a dataset whose last
     NUM_BAD pairs have each other's targets (misaligned)."""
-    from tests.eval.conftest import checkpoint_state, one_thread, random_pairs, train_tiny_model
-
     root = tmp_path_factory.mktemp("filter")
     spm_path = os.path.join(tiny.data_dir, "spm.model")
     spm_proto = open(spm_path, "rb").read()
@@ -71,14 +74,12 @@ def setup(tiny, tmp_path_factory):
         reverse_model = train_tiny_model(
             _Swapped(corpus), vocab_size=vocab_size, num_updates=150, seed=1
         )
-    state = checkpoint_state(reverse_model, spm_proto=spm_proto)
-    state["vocab"]["source_lang"], state["vocab"]["target_lang"] = "de", "en"
-    reverse = str(root / "reverse.pt")
-    atomic_torch_save(state, reverse)
-    src, tgt = random_pairs(NUM_PAIRS, seed=11)
+    reverse = tiny_checkpoint(
+        reverse_model, root / "reverse.pt", spm_proto=spm_proto, source_lang="de", target_lang="en"
+    )
+    src, tgt = random_pairs(NUM_PAIRS, seed=11, **TINY_MODEL_PAIRS)
     tgt[-NUM_BAD:] = tgt[-NUM_BAD + 1 :] + tgt[-NUM_BAD:][:1]  # rotated: each gets another's target
-    for lang, lines in (("en", src), ("de", tgt)):
-        (root / f"noisy.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_corpus(root, "noisy", src, tgt)
     args = ["-s", "en", "-t", "de", "--trainpref", str(root / "noisy"), "--spm-model", spm_path]
     args += ["--max-len-ratio", "20"]
     assert preprocess_main([*args, "--destdir", str(root / "data"), "--workers", "1"]) == 0

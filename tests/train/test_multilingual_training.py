@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ..conftest import MULTI_PAIRS, train_multilingual
+from ..helpers import MULTI_PAIRS, train_multilingual
 
 
 @pytest.mark.parametrize("placement", ["encoder", "decoder"])

@@ -16,8 +16,7 @@ from datetime import datetime
 import pytest
 import torch
 
-from ..conftest import torchrun_command
-from .conftest import process_group
+from ..helpers import process_group, torchrun_command
 
 SLOW_MODEL = (
     "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "

@@ -12,7 +12,8 @@ import torch
 from nmt.checkpoint_io import load_checkpoint
 from nmt.data.plan import Update, micro_seed
 
-from .conftest import parse_log, process_group, run_subprocess, train_command
+from ..helpers import descendants, free_port, process_group
+from .conftest import parse_log, run_subprocess, train_command
 
 
 def losses(records):
@@ -283,10 +284,8 @@ def test_num_workers_prefetch_gives_the_same_losses(tiny_data, tmp_path):
 
 def _worker_pids(launcher_pid, rank):
     """The nmt-train worker of ``rank`` that torchrun (``launcher_pid``) runs now."""
-    from .conftest import _descendants
-
     found = []
-    for pid in _descendants(launcher_pid):
+    for pid in descendants(launcher_pid):
         try:
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 environ = dict(
@@ -301,8 +300,6 @@ def _worker_pids(launcher_pid, rank):
 
 @pytest.mark.slow
 def test_torchrun_max_restarts_resumes_after_a_rank_dies(tiny_data, tmp_path):
-    from ..conftest import free_port
-
     args = ["--max-update", "24", "--save-interval-updates", "3", "--dropout", "0.1"]
     reference = run_subprocess(
         [tiny_data, *train_command(tiny_data, tmp_path / "ref", *args)], torchrun_procs=2

@@ -6,48 +6,25 @@ import os
 
 import pytest
 
-from nmt.config import PreprocessConfig
-from nmt.data.preprocess import preprocess
 from nmt.train.validate import perplexity
 
-from ..conftest import _pairs, _write
+from ..helpers import tiny_corpus, tiny_dataset, write_corpus
 from .conftest import run_subprocess, train_command
 
 
 @pytest.fixture(scope="module")
 def empty_valid_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("emptyvalid")
-    _write(root, "train", _pairs(200, seed=5))
-    _write(root, "valid", [])
-    preprocess(
-        PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[str(root / "train")],
-            validpref=[str(root / "valid")],
-            destdir=str(root / "data"),
-            spm_vocab_size=60,
-            workers=1,
-        )
-    )
-    return str(root / "data")
+    tiny_corpus(root, {"train": (200, 5)}, reverse=True)
+    write_corpus(root, "valid", [], [])
+    return tiny_dataset(root)
 
 
 @pytest.fixture(scope="module")
 def no_valid_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("novalid")
-    _write(root, "train", _pairs(200, seed=6))
-    preprocess(
-        PreprocessConfig(
-            source_lang="en",
-            target_lang="de",
-            trainpref=[str(root / "train")],
-            destdir=str(root / "data"),
-            spm_vocab_size=60,
-            workers=1,
-        )
-    )
-    return str(root / "data")
+    tiny_corpus(root, {"train": (200, 6)}, reverse=True)
+    return tiny_dataset(root, valid=())
 
 
 def error_lines(stderr):
