@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from nmt.config import PreprocessConfig, to_dict
+from nmt.config import PreprocessConfig, option_name, to_dict
 from nmt.data.dedup import HashSet64
 from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import (
@@ -77,6 +77,7 @@ from nmt.fileio import (
     open_for_writing,
     write_all,
 )
+from nmt.provenance import defaults, differences, identity
 from nmt.workers import die_with_parent, signals_deferred
 
 logger = logging.getLogger(__name__)
@@ -967,9 +968,6 @@ def _finalize_lock(destdir: str) -> Iterator[None]:
         yield
 
 
-_PER_RUN_OPTIONS = ("shard_id", "workers", "overwrite", "destdir", "merge_parts")
-
-
 def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
     """Once all ``num_shards`` parts exist: ``destdir/manifest.json`` over them (else None).
 
@@ -990,16 +988,17 @@ def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
                 return None
             parts.append(load_manifest(part_dir))
         first = parts[0]
-        options = {k: v for k, v in first.config.items() if k not in _PER_RUN_OPTIONS}
+        options = identity(first.config, "data", declared_by=PreprocessConfig)
         for part in parts:
-            differing = sorted(
-                k
-                for k, v in part.config.items()
-                if k not in _PER_RUN_OPTIONS and options.get(k) != v
+            differing = differences(
+                options,
+                identity(part.config, "data", declared_by=PreprocessConfig),
+                absent=defaults(PreprocessConfig, "data"),
+                labels=("in part 0", "here"),
             )
             if differing:
                 raise DataError(
-                    f"{part.directory}: made with other options than part 0 ({', '.join('--' + k.replace('_', '-') for k in differing)})"
+                    f"{part.directory}: made with other options than part 0 ({'; '.join(differing)})"
                 )
             for model in {part.spm.src_model, part.spm.tgt_model}:
                 if part.checksums.get(model) != first.checksums.get(model):
@@ -1077,7 +1076,11 @@ def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
                 for index, part in enumerate(parts)
                 for name, checksum in part.checksums.items()
             },
-            config={**options, "num_shards": num_shards},
+            # the options of the data (not --shard-id, --workers...: those of each part's run)
+            config={
+                **{k: v for k, v in first.config.items() if option_name(k) in options},
+                "num_shards": num_shards,
+            },
         )
         manifest.write(destdir)
         logger.info("all %d parts done: wrote %s", num_shards, os.path.join(destdir, MANIFEST_NAME))

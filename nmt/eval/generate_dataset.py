@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from nmt.config import EvalConfig, to_dict
+from nmt.config import EvalConfig, EvalIOConfig, option_name
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.derived import TrainSplitWriter, write_derived_dataset
 from nmt.data.manifest import (
@@ -52,6 +52,7 @@ from nmt.fileio import (
     lock_path_beside,
 )
 from nmt.languages import BILINGUAL, Direction
+from nmt.provenance import defaults, differences, identity
 
 logger = logging.getLogger("nmt.eval")
 
@@ -194,7 +195,8 @@ def translate_chunk(
 def _identity(
     cfg: EvalConfig, options: GenerationOptions, model: ModelInfo, source: Manifest
 ) -> dict[str, Any]:
-    """What the dataset is a function of; a rerun into the same place must match it."""
+    """What the dataset is a function of: the options of the data's identity and the model and
+    input they ran on; a rerun into the same place must match it."""
     split = source.split(options.split)
     direction = (
         {}
@@ -204,44 +206,51 @@ def _identity(
     return {
         "model": model.sha256,
         **direction,
-        "input": {
-            "dataset": os.path.abspath(source.directory),
-            "split": options.split,
-            "tokens": sorted(
-                source.checksums.get(part.src.prefix + ".bin", "?") for part in split.parts
-            ),
-        },
-        "search": to_dict(cfg),
-        # back-translations made before --synthetic-side existed stay complete without it
-        "generation": {
-            k: v for k, v in to_dict(options).items() if (k, v) != ("synthetic_side", "source")
+        "input dataset": os.path.abspath(source.directory),
+        "input tokens": sorted(
+            source.checksums.get(part.src.prefix + ".bin", "?") for part in split.parts
+        ),
+        **identity(cfg, "data"),
+        **identity(options, "data", declared_by=EvalIOConfig),
+    }
+
+
+def _recorded(record: dict[str, Any]) -> dict[str, Any]:
+    """An identity as a translation begun or made before nmt.provenance recorded it (grouped,
+    by field name) in today's form, so that the same command still finds its work."""
+    if "search" not in record:
+        return record
+    inputs = record.get("input", {})
+    return {
+        **{k: v for k, v in record.items() if k in ("model", "direction")},
+        "input dataset": inputs.get("dataset"),
+        "input tokens": inputs.get("tokens"),
+        **{
+            option_name(k): v
+            for group in ("search", "generation")
+            for k, v in record[group].items()
         },
     }
 
 
-def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
-    """``identity`` less the input dataset's path where its token checksums name its content: the
-    same dataset reached through a link or after a move is the same input."""
-    inputs = identity.get("input")
-    if not isinstance(inputs, dict) or not inputs.get("tokens") or "?" in inputs["tokens"]:
-        return identity
-    return {**identity, "input": {k: v for k, v in inputs.items() if k != "dataset"}}
-
-
-def _identity_difference(found: dict[str, Any], wanted: dict[str, Any]) -> str:
-    """The keys in which two identities differ, "" when they name the same dataset."""
-    found, wanted = _comparable(found), _comparable(wanted)
-    keys = []
-    for key in sorted(set(found) | set(wanted)):
-        if isinstance(found.get(key), dict) and isinstance(wanted.get(key), dict):
-            keys += [
-                f"{key}.{k}"
-                for k in sorted(set(found[key]) | set(wanted[key]))
-                if found[key].get(k) != wanted[key].get(k)
-            ]
-        elif found.get(key) != wanted.get(key):
-            keys.append(key)
-    return ", ".join(keys)
+def _identity_differences(found: dict[str, Any], wanted: dict[str, Any], *, where: str) -> str:
+    """What differs between two identities, one item after another ("" when they name the same
+    data); the input dataset's path may differ where its token checksums name its content (the
+    same dataset reached through a link or after a move is the same input)."""
+    found = _recorded(found)
+    named = all(
+        isinstance(tokens, list) and tokens and "?" not in tokens
+        for tokens in (found.get("input tokens"), wanted["input tokens"])
+    )
+    return "; ".join(
+        differences(
+            found,
+            wanted,
+            absent={**defaults(EvalConfig, "data"), **defaults(EvalIOConfig, "data")},
+            free=("input dataset",) if named else (),
+            labels=(where, "now"),
+        )
+    )
 
 
 def check_model(translator: Translator, model: ModelInfo, source: Manifest) -> None:
@@ -410,7 +419,7 @@ def _finished(destdir: str, identity: dict[str, Any], *, overwrite: bool) -> Man
     found = next((manifest.config[k] for k in IDENTITY_KEYS.values() if k in manifest.config), None)
     if found is None:
         return None  # not ours: check_destination decides
-    difference = _identity_difference(found, identity)
+    difference = _identity_differences(found, identity, where="in the dataset")
     if difference and overwrite:
         return None
     if difference:
@@ -430,7 +439,7 @@ def _discard_other_translation(chunk_dir: str, identity: dict[str, Any]) -> None
         return
     except (OSError, json.JSONDecodeError):
         found = None
-    if found is None or _identity_difference(found, identity):
+    if found is None or _identity_differences(found, identity, where="in the chunks"):
         shutil.rmtree(chunk_dir, ignore_errors=True)
 
 
@@ -448,7 +457,7 @@ def _claim_chunk_dir(chunk_dir: str, identity: dict[str, Any]) -> None:
         raise describe_os_error(error, error.filename or chunk_dir) from None
     except json.JSONDecodeError:
         raise ValueError(f"{path}: unreadable; remove {chunk_dir} to start over") from None
-    difference = _identity_difference(found, identity)
+    difference = _identity_differences(found, identity, where="in the chunks")
     if difference:
         raise ValueError(
             f"{chunk_dir}: a translation with other options or another model was begun here "
