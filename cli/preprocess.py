@@ -30,15 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     log_to_stderr()
 
     def run() -> int:
-        from nmt.data.multilingual import preprocess_multilingual
         from nmt.data.preprocess import preprocess, summary_table
         from nmt.workers import stop_on_signals
 
         cfg = config_from_args(PreprocessConfig, args)
-        build = preprocess if cfg.lang_pairs is None else preprocess_multilingual
         # SIGTERM unwinds like Ctrl+C: the pool closed, the work directory removed, the lock released.
         with stop_on_signals():
-            manifest, stats = build(cfg)
+            manifest, stats = preprocess(cfg)
         print(summary_table(stats))
         print(
             f"wrote {manifest.directory} (vocab {manifest.spm.src_vocab_size}/{manifest.spm.tgt_vocab_size})"

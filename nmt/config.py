@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from nmt.languages import PLACEMENTS, parse_pairs
+from nmt.languages import PLACEMENTS, Pair, parse_pairs
 
 T = TypeVar("T")
 
@@ -322,6 +322,17 @@ class PreprocessConfig:
         """(source, target) suffixes: a monolingual dataset's target is its source."""
         return self.source_lang, self.target_lang or self.source_lang
 
+    @property
+    def pairs(self) -> list[Pair]:
+        """The directions: --lang-pairs, or the one of -s/-t."""
+        if self.lang_pairs is not None:
+            return parse_pairs(self.lang_pairs)
+        return [Pair(*self.languages)]
+
+    @property
+    def all_languages(self) -> list[str]:
+        return sorted({lang for pair in self.pairs for lang in (pair.source, pair.target)})
+
     def _check_multilingual(self) -> None:
         _require(
             not (self.source_lang or self.target_lang),
@@ -329,16 +340,11 @@ class PreprocessConfig:
             "names the languages: leave out --source-lang/--target-lang",
         )
         parse_pairs(self.lang_pairs or "")  # one line naming the bad pair
-        for name, allowed in (
-            ("separate_vocab", False),
-            ("only_source", False),
-            ("num_shards", 1),
-            ("merge_parts", False),
-        ):
+        for name in ("separate_vocab", "only_source"):
             _require(
-                getattr(self, name) == allowed,
+                not getattr(self, name),
                 name,
-                "not available with --lang-pairs (one joint vocabulary, one process)",
+                "not available with --lang-pairs (one joint vocabulary)",
             )
         _require(
             self.spm_model is None or "," not in self.spm_model,

@@ -29,7 +29,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from nmt.config import PreprocessConfig, option_name, to_dict
 from nmt.data.dedup import HashSet64
+from nmt.data.groups import TextGroup, given_model, language_shares, resolve_groups
 from nmt.data.indexed import IndexedWriter
 from nmt.data.manifest import (
     MANIFEST_NAME,
@@ -46,6 +47,7 @@ from nmt.data.manifest import (
     SideEntry,
     SplitEntry,
     SpmEntry,
+    direction_split,
     load_manifest,
     sha256_files,
 )
@@ -61,7 +63,7 @@ from nmt.data.text import (
     DataError,
     count_lines,
     decode_lines,
-    iter_parallel_chunks,
+    iter_aligned_chunks,
     line_count_mismatch,
     resolve_text_file,
 )
@@ -77,6 +79,7 @@ from nmt.fileio import (
     open_for_writing,
     write_all,
 )
+from nmt.languages import Pair
 from nmt.provenance import defaults, differences, identity
 from nmt.workers import die_with_parent, signals_deferred
 
@@ -122,40 +125,69 @@ def filter_codes(
     return codes
 
 
+def direction_filter_codes(
+    lengths: dict[str, np.ndarray],
+    invalid: np.ndarray,
+    directions: Sequence[tuple[str, str]],
+    *,
+    min_len: int,
+    max_len: int,
+    max_len_ratio: float,
+) -> np.ndarray:
+    """Per line of a group: KEEP, or the first reason any of its ``directions`` drops it for (so
+    every language file of the group keeps the same lines and stays aligned)."""
+    codes = np.stack(
+        [
+            filter_codes(
+                lengths[src],
+                lengths[tgt],
+                invalid,
+                min_len=min_len,
+                max_len=max_len,
+                max_len_ratio=max_len_ratio,
+            )
+            for src, tgt in directions
+        ]
+    )
+    worst = np.where(codes == KEEP, len(FILTER_REASONS), codes).min(axis=0)
+    return np.where(worst == len(FILTER_REASONS), KEEP, worst).astype(np.int8)
+
+
 # ----------------------------------------------------------------------------- encoding one chunk
 @dataclass(frozen=True)
 class EncodeOptions:
-    """What a worker needs to encode a chunk of one split (models by path: loaded once per process)."""
+    """What a worker needs to encode a chunk of one text group (models by path: loaded once per
+    process). A language's side is encoded once, whatever the number of its directions."""
 
     role: str  # train | valid | test
-    src_path: str
-    tgt_path: str
-    src_model: str
-    tgt_model: str
-    src_dtype: str
-    tgt_dtype: str
+    paths: dict[str, str]  # language -> its text file, in the group's order
+    models: dict[str, str]  # language -> its SentencePiece model file
+    dtypes: dict[str, str]  # language -> its token dtype
+    directions: tuple[tuple[str, str], ...]  # (source, target) languages read from the group
     skip_invalid: bool
     min_len: int
     max_len: int
     max_len_ratio: float
     dedup: bool
     num_threads: int = 1  # SentencePiece's own threads (the in-process mode)
-    monolingual: bool = False  # --only-source: the target is the source (encoded once)
+
+    @property
+    def references(self) -> list[str]:
+        """The languages whose text valid/test keep as the reference: the directions' targets."""
+        return sorted({tgt for _, tgt in self.directions})
 
 
 @dataclass
 class EncodedChunk:
     first_line: int
     num_lines: int
-    src_tokens: np.ndarray  # (S,) kept pairs' source ids, EOS after each
-    src_lengths: np.ndarray  # (K,)
-    tgt_tokens: np.ndarray
-    tgt_lengths: np.ndarray
-    line_numbers: np.ndarray  # (K,) raw line of each kept pair
-    filtered: np.ndarray  # (len(FILTER_REASONS),) pairs dropped per reason
+    tokens: dict[str, np.ndarray]  # language -> (S,) kept lines' ids, EOS after each
+    lengths: dict[str, np.ndarray]  # language -> (K,)
+    line_numbers: np.ndarray  # (K,) raw line of each kept line
+    filtered: np.ndarray  # (len(FILTER_REASONS),) lines dropped per reason
     replaced_invalid: int  # valid/test lines repaired (U+FFFD) under --skip-invalid
-    pair_hashes: np.ndarray | None  # (K,) uint64, with --dedup
-    reference: bytes | None  # valid/test: the target lines as decoded, each ending in "\n"
+    line_hashes: np.ndarray | None  # (K,) uint64, with --dedup
+    references: dict[str, bytes]  # valid/test: each target's lines as decoded, each ending in "\n"
 
 
 _LOADED_MODELS: dict[str, SentencePieceModel] = {}
@@ -167,67 +199,59 @@ def _model(path: str) -> SentencePieceModel:
     return _LOADED_MODELS[path]
 
 
-def pair_hashes(src_lines: list[bytes], tgt_lines: list[bytes]) -> np.ndarray:
-    """64-bit hash of each raw pair (lines never contain "\\n", so it separates the sides unambiguously)."""
+def line_hashes(lines: dict[str, list[bytes]], indices: np.ndarray) -> np.ndarray:
+    """64-bit hash of each raw line ``indices`` of a group, its languages' lines joined by "\\n"
+    (lines never contain one, so it separates them unambiguously)."""
     digests = b"".join(
-        hashlib.blake2b(s + b"\n" + t, digest_size=8).digest() for s, t in zip(src_lines, tgt_lines)
+        hashlib.blake2b(b"\n".join(side[i] for side in lines.values()), digest_size=8).digest()
+        for i in indices
     )
     return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
 def encode_chunk(
-    options: EncodeOptions, first_line: int, src_lines: list[bytes], tgt_lines: list[bytes]
+    options: EncodeOptions, first_line: int, lines: dict[str, list[bytes]]
 ) -> EncodedChunk:
-    """Decode, encode and (training splits) filter one chunk of aligned lines."""
-    num_lines = len(src_lines)
-    src = decode_lines(
-        src_lines,
-        path=options.src_path,
-        replace_invalid=options.skip_invalid,
-        first_line=first_line,
-    )
-    tgt = (
-        src
-        if options.monolingual
-        else decode_lines(
-            tgt_lines,
-            path=options.tgt_path,
+    """Decode, encode and (training splits) filter one chunk of a group's aligned lines."""
+    num_lines = len(next(iter(lines.values())))
+    decoded = {
+        lang: decode_lines(
+            raw,
+            path=options.paths[lang],
             replace_invalid=options.skip_invalid,
             first_line=first_line,
         )
-    )
+        for lang, raw in lines.items()
+    }
     invalid = np.zeros(num_lines, dtype=bool)
-    invalid[src.invalid] = True
-    invalid[tgt.invalid] = True
-    src_tokens, src_lengths = _model(options.src_model).encode_with_eos(
-        src.lines, dtype=np.dtype(options.src_dtype), num_threads=options.num_threads
-    )
-    tgt_tokens, tgt_lengths = (
-        (src_tokens, src_lengths)
-        if options.monolingual
-        else _model(options.tgt_model).encode_with_eos(
-            tgt.lines, dtype=np.dtype(options.tgt_dtype), num_threads=options.num_threads
+    for side in decoded.values():
+        invalid[side.invalid] = True
+    encoded = {
+        lang: _model(options.models[lang]).encode_with_eos(
+            side.lines, dtype=np.dtype(options.dtypes[lang]), num_threads=options.num_threads
         )
-    )
+        for lang, side in decoded.items()
+    }
     filtered = np.zeros(len(FILTER_REASONS), dtype=np.int64)
     if options.role != "train":  # valid and test keep every line, repaired if need be
         return EncodedChunk(
             first_line=first_line,
             num_lines=num_lines,
-            src_tokens=src_tokens,
-            src_lengths=src_lengths,
-            tgt_tokens=tgt_tokens,
-            tgt_lengths=tgt_lengths,
+            tokens={lang: tokens for lang, (tokens, _) in encoded.items()},
+            lengths={lang: lengths for lang, (_, lengths) in encoded.items()},
             line_numbers=np.arange(first_line, first_line + num_lines, dtype=np.int64),
             filtered=filtered,
             replaced_invalid=int(invalid.sum()),
-            pair_hashes=None,
-            reference="".join(line + "\n" for line in tgt.lines).encode("utf-8"),
+            line_hashes=None,
+            references={
+                lang: "".join(line + "\n" for line in decoded[lang].lines).encode("utf-8")
+                for lang in options.references
+            },
         )
-    codes = filter_codes(
-        src_lengths,
-        tgt_lengths,
+    codes = direction_filter_codes(
+        {lang: lengths for lang, (_, lengths) in encoded.items()},
         invalid,
+        options.directions,
         min_len=options.min_len,
         max_len=options.max_len,
         max_len_ratio=options.max_len_ratio,
@@ -235,23 +259,18 @@ def encode_chunk(
     filtered += np.bincount(codes[codes != KEEP], minlength=len(FILTER_REASONS))
     keep = codes == KEEP
     kept = np.flatnonzero(keep)
-    hashes = (
-        pair_hashes([src_lines[i] for i in kept], [tgt_lines[i] for i in kept])
-        if options.dedup
-        else None
-    )
     return EncodedChunk(
         first_line=first_line,
         num_lines=num_lines,
-        src_tokens=src_tokens[np.repeat(keep, src_lengths)],
-        src_lengths=src_lengths[keep],
-        tgt_tokens=tgt_tokens[np.repeat(keep, tgt_lengths)],
-        tgt_lengths=tgt_lengths[keep],
+        tokens={
+            lang: tokens[np.repeat(keep, lengths)] for lang, (tokens, lengths) in encoded.items()
+        },
+        lengths={lang: lengths[keep] for lang, (_, lengths) in encoded.items()},
         line_numbers=first_line + kept.astype(np.int64),
         filtered=filtered,
         replaced_invalid=0,
-        pair_hashes=hashes,
-        reference=None,
+        line_hashes=line_hashes(lines, kept) if options.dedup else None,
+        references={},
     )
 
 
@@ -287,15 +306,13 @@ class EncodePool:
             self._slots, self._threads_per_chunk = 1, workers if kind == "threads" else 1
 
     def map(
-        self, options: EncodeOptions, chunks: Iterable[tuple[int, list[bytes], list[bytes]]]
+        self, options: EncodeOptions, chunks: Iterable[tuple[int, dict[str, list[bytes]]]]
     ) -> Iterator[EncodedChunk]:
         options = EncodeOptions(**{**vars(options), "num_threads": self._threads_per_chunk})
         pending: collections.deque[concurrent.futures.Future[EncodedChunk]] = collections.deque()
         try:
-            for first_line, src_lines, tgt_lines in chunks:
-                pending.append(
-                    self._executor.submit(encode_chunk, options, first_line, src_lines, tgt_lines)
-                )
+            for first_line, lines in chunks:
+                pending.append(self._executor.submit(encode_chunk, options, first_line, lines))
                 if len(pending) >= 2 * self._slots:
                     yield pending.popleft().result()
             while pending:
@@ -348,16 +365,26 @@ class Reservoir:
 
 @dataclass
 class SplitPlan:
+    """One text group of a split: its files and the directions read from them."""
+
     name: str
     role: str  # train | valid | test
     prefix: str
-    src_path: str
-    tgt_path: str
+    group: TextGroup
 
 
 def split_names(role: str, prefixes: list[str]) -> list[str]:
     """fairseq's naming: train, train1, train2, ... (valid, valid1, ...)."""
     return [role if k == 0 else f"{role}{k}" for k in range(len(prefixes))]
+
+
+def text_groups(cfg: PreprocessConfig, prefix: str, *, option: str) -> list[TextGroup]:
+    """The groups of one split prefix: ``--lang-pairs`` finds multi-way or per-pair files
+    (``nmt.data.groups``); ``-s/-t`` reads ``P.SRC``/``P.TGT`` (``--only-source``: ``P.SRC``)."""
+    if cfg.lang_pairs is not None:
+        return resolve_groups(prefix, [(p.source, p.target) for p in cfg.pairs], option=option)
+    paths = {lang: resolve_text_file(prefix, lang) for lang in dict.fromkeys(cfg.languages)}
+    return [TextGroup(stem="", paths=paths, directions=[cfg.languages])]
 
 
 def make_plans(
@@ -371,60 +398,59 @@ def make_plans(
         ("test", cfg.testpref),
     ):
         for name, prefix in zip(split_names(role, prefixes), prefixes):
-            src_path, tgt_path = (resolve_text_file(prefix, lang) for lang in cfg.languages)
+            groups = text_groups(cfg, prefix, option=f"--{role}pref")
             if role in roles:
-                plans.append(
-                    SplitPlan(
-                        name=name, role=role, prefix=prefix, src_path=src_path, tgt_path=tgt_path
-                    )
-                )
+                plans += [SplitPlan(name, role, prefix, group) for group in groups]
     return plans
 
 
 def sample_training_text(
-    cfg: PreprocessConfig, plans: list[SplitPlan]
-) -> tuple[list[str], list[str] | None]:
-    """Reservoir samples of the training sentences in one streaming pass over every training corpus:
-    one joint sample of both sides, or (``--separate-vocab``) one per side. Blank lines and pairs
-    with invalid UTF-8 (under ``--skip-invalid``) are left out; without it, invalid UTF-8 fails here."""
-    reservoirs = [
-        Reservoir(cfg.spm_sample_size, seed=[cfg.seed, side])
-        for side in range(2 if cfg.separate_vocab else 1)
-    ]
+    plans: list[SplitPlan], reservoirs: dict[str, Reservoir], *, skip_invalid: bool
+) -> None:
+    """Offers every training sentence to its language's reservoir, in one streaming pass over every
+    training group; languages sharing a reservoir offer a chunk's lines together, in the group's
+    order. Blank lines and lines with invalid UTF-8 in any language (under ``--skip-invalid``) are
+    left out; without it, invalid UTF-8 fails here."""
     with tqdm(
-        unit="pairs", desc="sample for SentencePiece", dynamic_ncols=True, mininterval=1.0
+        unit="lines", desc="sample for SentencePiece", dynamic_ncols=True, mininterval=1.0
     ) as progress:
         for plan in plans:
             if plan.role != "train":
                 continue
-            for first_line, src_raw, tgt_raw in iter_parallel_chunks(
-                plan.src_path, plan.tgt_path, chunk_lines=CHUNK_LINES
-            ):
-                src = decode_lines(
-                    src_raw,
-                    path=plan.src_path,
-                    replace_invalid=cfg.skip_invalid,
-                    first_line=first_line,
-                )
-                tgt = decode_lines(
-                    tgt_raw,
-                    path=plan.tgt_path,
-                    replace_invalid=cfg.skip_invalid,
-                    first_line=first_line,
-                )
-                invalid = set(src.invalid) | set(tgt.invalid)
-                sides = [
-                    [line for i, line in enumerate(lines) if line.strip() and i not in invalid]
-                    for lines in (src.lines, tgt.lines)
-                ]
-                if cfg.separate_vocab:
-                    reservoirs[0].offer(sides[0])
-                    reservoirs[1].offer(sides[1])
-                else:
-                    reservoirs[0].offer(sides[0] + sides[1])
-                progress.update(len(src_raw))
-    samples = [reservoir.sample() for reservoir in reservoirs]
-    return samples[0], samples[1] if cfg.separate_vocab else None
+            paths = plan.group.paths
+            for first_line, chunk in iter_aligned_chunks(paths, chunk_lines=CHUNK_LINES):
+                decoded = {
+                    lang: decode_lines(
+                        raw, path=paths[lang], replace_invalid=skip_invalid, first_line=first_line
+                    )
+                    for lang, raw in chunk.items()
+                }
+                invalid = {i for side in decoded.values() for i in side.invalid}
+                offers: dict[int, tuple[Reservoir, list[str]]] = {}
+                for lang, side in decoded.items():
+                    reservoir = reservoirs[lang]
+                    offers.setdefault(id(reservoir), (reservoir, []))[1].extend(
+                        line
+                        for i, line in enumerate(side.lines)
+                        if line.strip() and i not in invalid
+                    )
+                for reservoir, lines in offers.values():
+                    reservoir.offer(lines)
+                progress.update(len(next(iter(chunk.values()))))
+
+
+def language_sample(cfg: PreprocessConfig, reservoirs: dict[str, Reservoir]) -> list[str]:
+    """``--lang-pairs``: one sample of every language, each taking its share of
+    ``--spm-sample-size`` by ``--spm-lang-temperature`` (``nmt.data.groups.language_shares``)."""
+    shares = language_shares(
+        {lang: reservoir.seen for lang, reservoir in reservoirs.items()}, cfg.spm_lang_temperature
+    )
+    sample: list[str] = []
+    for lang, share in shares.items():
+        taken = reservoirs[lang].sample()[: max(1, round(share * cfg.spm_sample_size))]
+        sample.extend(taken)
+        logger.info("SentencePiece sample: %d %s sentences (share %.3f)", len(taken), lang, share)
+    return sample
 
 
 def _drain(items: list[str]) -> Iterator[str]:
@@ -435,17 +461,35 @@ def _drain(items: list[str]) -> Iterator[str]:
 
 
 def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[bytes]:
-    """Serialized SentencePiece models: one (joint), or source and target (``--separate-vocab``).
+    """Serialized SentencePiece models: one (joint), or source and target (``--separate-vocab``),
+    each reserving the tags of the dataset's languages. A joint model samples the sentences of all
+    languages together (``-s/-t``) or each language apart, weighted (``--lang-pairs``).
 
     Training is single-threaded on purpose: SentencePiece's multi-threaded trainer yields
     different pieces for different thread counts, and the dataset must not depend on --workers.
     """
-    joint, target = sample_training_text(cfg, plans)
-    labelled = [
-        (joint, f"{cfg.source_lang}+{cfg.target_lang}" if target is None else cfg.source_lang)
-    ]
-    if target is not None:
-        labelled.append((target, cfg.target_lang))
+    languages = cfg.all_languages
+    if cfg.lang_pairs is not None:
+        reservoirs = {
+            lang: Reservoir(cfg.spm_sample_size, seed=[cfg.seed, index])
+            for index, lang in enumerate(languages)
+        }
+    elif cfg.separate_vocab:
+        reservoirs = {
+            lang: Reservoir(cfg.spm_sample_size, seed=[cfg.seed, side])
+            for side, lang in enumerate(cfg.languages)
+        }
+    else:
+        joint = Reservoir(cfg.spm_sample_size, seed=[cfg.seed, 0])
+        reservoirs = dict.fromkeys(cfg.languages, joint)
+    sample_training_text(plans, reservoirs, skip_invalid=cfg.skip_invalid)
+    labelled = (
+        [(language_sample(cfg, reservoirs), "+".join(languages))]
+        if cfg.lang_pairs is not None
+        else [(reservoirs[lang].sample(), lang) for lang in cfg.languages]
+        if cfg.separate_vocab
+        else [(joint.sample(), "+".join(cfg.languages))]
+    )
     protos = []
     while labelled:
         sample, label = labelled.pop(0)
@@ -461,7 +505,7 @@ def train_spm_models(cfg: PreprocessConfig, plans: list[SplitPlan]) -> list[byte
             model_type=cfg.spm_model_type,
             character_coverage=cfg.spm_character_coverage,
             num_threads=1,
-            tags=reserved_tags([cfg.source_lang, cfg.target_lang]),
+            tags=reserved_tags(languages),
             label=f"a sample of {num_sentences} training sentences ({label})",
         )
         vocab_size = SentencePieceModel(proto).vocab_size
@@ -532,126 +576,131 @@ def reference_name(split: str, lang: str) -> str:
     return f"{split}.ref.{lang}.gz"
 
 
-class SplitWriter:
-    """Appends encoded chunks of one split to its files, in order, and keeps its statistics."""
+class GroupWriter:
+    """Appends encoded chunks of one text group of a split to its files (one per language), in
+    order, and keeps its statistics."""
 
     def __init__(
-        self,
-        plan: SplitPlan,
-        *,
-        cfg: PreprocessConfig,
-        workdir: str,
-        dtypes: tuple[np.dtype, np.dtype],
+        self, plan: SplitPlan, *, cfg: PreprocessConfig, workdir: str, dtypes: dict[str, np.dtype]
     ) -> None:
         self.plan = plan
+        self.group = plan.group
         self.workdir = workdir
-        self.stats = SplitStats(
-            name=plan.name, role=plan.role, filtered={reason: 0 for reason in FILTER_REASONS}
-        )
+        self.num_lines = self.num_samples = self.replaced_invalid_utf8 = 0
+        self.filtered = {reason: 0 for reason in FILTER_REASONS}
         if plan.role == "train" and cfg.dedup:
-            self.stats.filtered[DUPLICATE] = 0
+            self.filtered[DUPLICATE] = 0
+        self.unk = dict.fromkeys(self.group.paths, 0)
         self.first_line: int | None = None
-        self.prefixes = tuple(f"{plan.name}.{lang}" for lang in cfg.languages)
-        # --only-source: one token file, which both sides of the manifest name
-        self.writers = [
-            IndexedWriter(os.path.join(workdir, prefix), dtype=dtype)
-            for prefix, dtype in list(zip(self.prefixes, dtypes))[: 1 if cfg.only_source else 2]
-        ]
-        self.line_numbers_file = f"{plan.name}.line_numbers.npy" if plan.role == "train" else None
+        self.writers = {
+            lang: IndexedWriter(
+                os.path.join(workdir, self.group.prefix(plan.name, lang)), dtype=dtypes[lang]
+            )
+            for lang in self.group.paths
+        }
+        self.line_numbers_file = (
+            f"{self.group.prefix(plan.name, 'line_numbers')}.npy" if plan.role == "train" else None
+        )
         self.line_numbers = (
             LineNumbersWriter(os.path.join(workdir, self.line_numbers_file))
             if self.line_numbers_file
             else None
         )
-        self.reference_file = (
-            None if plan.role == "train" else reference_name(plan.name, cfg.target_lang)
+        stem = f"{plan.name}.{self.group.stem}" if self.group.stem else plan.name
+        self.reference_files = (
+            {}
+            if plan.role == "train"
+            else {lang: reference_name(stem, lang) for lang in self.group.targets}
         )
-        self.reference = None
-        if self.reference_file:
-            # mtime 0 and no file name in the header: the same text always gives the same bytes
-            self._reference_raw = open_for_writing(os.path.join(workdir, self.reference_file))
-            self.reference = gzip.GzipFile(
-                filename="", mode="wb", fileobj=self._reference_raw, mtime=0
-            )
+        # mtime 0 and no file name in the header: the same text always gives the same bytes
+        self._reference_raw = {
+            lang: open_for_writing(os.path.join(workdir, name))
+            for lang, name in self.reference_files.items()
+        }
+        self.references = {
+            lang: gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)
+            for lang, raw in self._reference_raw.items()
+        }
         self.seen: HashSet64 | None = HashSet64() if plan.role == "train" and cfg.dedup else None
 
     def append(self, chunk: EncodedChunk) -> None:
         if self.first_line is None:
             self.first_line = chunk.first_line
-        stats = self.stats
-        stats.num_lines += chunk.num_lines
+        self.num_lines += chunk.num_lines
         for reason, count in zip(FILTER_REASONS, chunk.filtered.tolist()):
-            stats.filtered[reason] += count
-        stats.replaced_invalid_utf8 += chunk.replaced_invalid
-        src_tokens, src_lengths, tgt_tokens, tgt_lengths = (
-            chunk.src_tokens,
-            chunk.src_lengths,
-            chunk.tgt_tokens,
-            chunk.tgt_lengths,
-        )
-        line_numbers = chunk.line_numbers
+            self.filtered[reason] += count
+        self.replaced_invalid_utf8 += chunk.replaced_invalid
+        tokens, lengths, line_numbers = chunk.tokens, chunk.lengths, chunk.line_numbers
         if self.seen is not None:
-            assert chunk.pair_hashes is not None
-            new = self.seen.add(chunk.pair_hashes)
-            stats.filtered[DUPLICATE] += int((~new).sum())
-            src_tokens, tgt_tokens = (
-                src_tokens[np.repeat(new, src_lengths)],
-                tgt_tokens[np.repeat(new, tgt_lengths)],
-            )
-            src_lengths, tgt_lengths, line_numbers = (
-                src_lengths[new],
-                tgt_lengths[new],
-                line_numbers[new],
-            )
-        self.writers[0].add_many(src_tokens, src_lengths)
-        if len(self.writers) == 2:
-            self.writers[1].add_many(tgt_tokens, tgt_lengths)
-        stats.src_unk += int(np.count_nonzero(src_tokens == UNK_ID))
-        stats.tgt_unk += int(np.count_nonzero(tgt_tokens == UNK_ID))
-        stats.num_samples += int(src_lengths.shape[0])
+            assert chunk.line_hashes is not None
+            new = self.seen.add(chunk.line_hashes)
+            self.filtered[DUPLICATE] += int((~new).sum())
+            tokens = {lang: ids[np.repeat(new, lengths[lang])] for lang, ids in tokens.items()}
+            lengths = {lang: counts[new] for lang, counts in lengths.items()}
+            line_numbers = line_numbers[new]
+        for lang, writer in self.writers.items():
+            writer.add_many(tokens[lang], lengths[lang])
+            self.unk[lang] += int(np.count_nonzero(tokens[lang] == UNK_ID))
+        self.num_samples += int(line_numbers.shape[0])
         if self.line_numbers is not None:
             self.line_numbers.add(line_numbers)
-        if self.reference is not None:
-            assert chunk.reference is not None
+        for lang, reference in self.references.items():
             try:
-                self.reference.write(chunk.reference)
+                reference.write(chunk.references[lang])
             except OSError as error:
-                raise describe_os_error(error, self._reference_raw.name) from None
+                raise describe_os_error(error, self._reference_raw[lang].name) from None
 
-    def finish(self, *, input_prefix: str) -> SplitEntry:
-        sides = []
-        for writer, prefix in zip(self.writers, self.prefixes):
-            sides.append(writer.finish_entry(prefix))
-        if len(sides) == 1:  # --only-source
-            sides.append(sides[0])
-        self.stats.src_tokens, self.stats.tgt_tokens = sides[0].num_tokens, sides[1].num_tokens
+    def finish(self, names: dict[tuple[str, str], str]) -> list[tuple[SplitEntry, SplitStats]]:
+        """Each direction's split (named by ``names``) over the group's files, and its statistics."""
+        sides = {
+            lang: writer.finish_entry(self.group.prefix(self.plan.name, lang))
+            for lang, writer in self.writers.items()
+        }
         if self.line_numbers is not None:
             self.line_numbers.finish()
-        if self.reference is not None:
+        for lang, reference in self.references.items():
             try:
-                self.reference.close()
-                self._reference_raw.close()
+                reference.close()
+                self._reference_raw[lang].close()
             except OSError as error:
-                raise describe_os_error(error, self._reference_raw.name) from None
-        part = PartEntry(
-            src=sides[0],
-            tgt=sides[1],
-            num_lines=self.stats.num_lines,
-            num_samples=self.stats.num_samples,
-            first_line=self.first_line or 0,
-            line_numbers=self.line_numbers_file,
-        )
-        return SplitEntry(
-            name=self.plan.name,
-            role=self.plan.role,
-            num_lines=self.stats.num_lines,
-            num_samples=self.stats.num_samples,
-            parts=(part,),
-            input_prefix=input_prefix,
-            filtered=dict(self.stats.filtered) if self.plan.role == "train" else {},
-            replaced_invalid_utf8=self.stats.replaced_invalid_utf8,
-            reference=self.reference_file,
-        )
+                raise describe_os_error(error, self._reference_raw[lang].name) from None
+        filtered = dict(self.filtered) if self.plan.role == "train" else {}
+        results = []
+        for src, tgt in self.group.directions:
+            name = names[src, tgt]
+            part = PartEntry(
+                src=sides[src],
+                tgt=sides[tgt],
+                num_lines=self.num_lines,
+                num_samples=self.num_samples,
+                first_line=self.first_line or 0,
+                line_numbers=self.line_numbers_file,
+            )
+            entry = SplitEntry(
+                name=name,
+                role=self.plan.role,
+                num_lines=self.num_lines,
+                num_samples=self.num_samples,
+                parts=(part,),
+                input_prefix=self.plan.prefix,
+                filtered=dict(filtered),
+                replaced_invalid_utf8=self.replaced_invalid_utf8,
+                reference=self.reference_files.get(tgt),
+            )
+            stats = SplitStats(
+                name=name,
+                role=self.plan.role,
+                num_lines=self.num_lines,
+                num_samples=self.num_samples,
+                src_tokens=sides[src].num_tokens,
+                tgt_tokens=sides[tgt].num_tokens,
+                src_unk=self.unk[src],
+                tgt_unk=self.unk[tgt],
+                filtered=dict(self.filtered),
+                replaced_invalid_utf8=self.replaced_invalid_utf8,
+            )
+            results.append((entry, stats))
+        return results
 
 
 def write_split(
@@ -661,21 +710,20 @@ def write_split(
     options: EncodeOptions,
     pool: EncodePool,
     workdir: str,
-    dtypes: tuple[np.dtype, np.dtype],
+    dtypes: dict[str, np.dtype],
     line_range: tuple[int, int | None],
     progress: tqdm,
-) -> tuple[SplitEntry, SplitStats]:
-    writer = SplitWriter(plan, cfg=cfg, workdir=workdir, dtypes=dtypes)
+) -> GroupWriter:
+    """One text group of a split encoded into its files (``finish`` makes its entries)."""
+    writer = GroupWriter(plan, cfg=cfg, workdir=workdir, dtypes=dtypes)
     start, stop = line_range
-    chunks = iter_parallel_chunks(
-        plan.src_path, plan.tgt_path, chunk_lines=CHUNK_LINES, start=start, stop=stop
-    )
+    chunks = iter_aligned_chunks(plan.group.paths, chunk_lines=CHUNK_LINES, start=start, stop=stop)
     for encoded in pool.map(options, chunks):
         writer.append(encoded)
         progress.update(encoded.num_lines)
     if writer.first_line is None:
         writer.first_line = start
-    return writer.finish(input_prefix=plan.prefix), writer.stats
+    return writer
 
 
 # ----------------------------------------------------------------------------- the run
@@ -714,7 +762,7 @@ def input_files(cfg: PreprocessConfig) -> list[tuple[str, str]]:
     inputs = [
         (f"--{plan.role}pref", path)
         for plan in make_plans(cfg)
-        for path in (plan.src_path, plan.tgt_path)
+        for path in plan.group.paths.values()
     ]
     return inputs + ([("--spm-model", cfg.spm_model)] if cfg.spm_model else [])
 
@@ -770,8 +818,9 @@ def _vocabulary(cfg: PreprocessConfig, shard: Shard, plans: list[SplitPlan]) -> 
     """The SentencePiece model(s), the same for every shard: given, trained here, or (under torchrun)
     trained by rank 0 and sent to the others. Shards run by hand train the same model each (the sample
     and the training are deterministic); the last one to finish checks that they agree."""
-    if cfg.spm_model:  # one joint model, or source,target
-        return [SentencePieceModel.load(path).proto for path in cfg.spm_model.split(",")]
+    if cfg.spm_model:  # one joint model, or source,target; a tagged dataset's reserves its tags
+        tagged = cfg.all_languages if cfg.lang_pairs is not None else []
+        return [given_model(path, tagged) for path in cfg.spm_model.split(",")]
     if not shard.torchrun:
         return train_spm_models(cfg, plans)
     from nmt import dist
@@ -783,10 +832,19 @@ def _vocabulary(cfg: PreprocessConfig, shard: Shard, plans: list[SplitPlan]) -> 
 def _shard_range(plan: SplitPlan, shard: Shard) -> tuple[int, int | None]:
     if shard.count == 1:
         return 0, None
-    src_lines, tgt_lines = count_lines(plan.src_path), count_lines(plan.tgt_path)
-    if src_lines != tgt_lines:
-        raise line_count_mismatch(plan.src_path, src_lines, plan.tgt_path, tgt_lines)
-    return shard.index * src_lines // shard.count, (shard.index + 1) * src_lines // shard.count
+    paths = plan.group.paths
+    counts = {lang: count_lines(path) for lang, path in paths.items()}
+    first = next(iter(counts))
+    for lang, count in counts.items():
+        if count != counts[first]:
+            raise line_count_mismatch(paths[first], counts[first], paths[lang], count)
+    num_lines = counts[first]
+    return shard.index * num_lines // shard.count, (shard.index + 1) * num_lines // shard.count
+
+
+def _stored_split(cfg: PreprocessConfig, split: str, pair: Pair) -> str:
+    """A direction's split as the manifest names it: ``train.en-de`` (``train`` without a tag)."""
+    return direction_split(split, pair.name) if cfg.lang_pairs is not None else split
 
 
 def build_dataset(
@@ -796,10 +854,10 @@ def build_dataset(
     plans = make_plans(cfg, roles=("train", "valid", "test") if shard.index == 0 else ("train",))
     target = destination(cfg, destdir)
     check_destination(target)
-    line_ranges = {
-        plan.name: _shard_range(plan, shard) if plan.role == "train" else (0, None)
-        for plan in plans
-    }
+    line_ranges = [
+        _shard_range(plan, shard) if plan.role == "train" else (0, None) for plan in plans
+    ]
+    languages = cfg.all_languages
     # The directory first: an unwritable --destdir fails before hours of work.
     with building_dataset(destdir, target) as workdir:
         protos = _vocabulary(cfg, shard, plans)
@@ -812,96 +870,104 @@ def build_dataset(
         for name, model in zip(spm_files, models):
             with open_for_writing(os.path.join(workdir, name)) as handle:
                 write_all(handle, model.proto)
-        src_model, tgt_model = models[0], models[-1]
-        dtypes = (token_dtype(src_model.vocab_size), token_dtype(tgt_model.vocab_size))
+        # Each language's model: the joint one, or (--separate-vocab) its side's.
+        side = dict.fromkeys(languages, 0) if joint else {cfg.source_lang: 0, cfg.target_lang: 1}
+        model_files = {lang: os.path.join(workdir, spm_files[k]) for lang, k in side.items()}
+        dtypes = {lang: token_dtype(models[k].vocab_size) for lang, k in side.items()}
 
-        splits: dict[str, SplitEntry] = {}
-        all_stats: list[SplitStats] = []
+        results: list[tuple[SplitEntry, SplitStats]] = []
         started = time.perf_counter()
-        known = [stop - start for start, stop in line_ranges.values() if stop is not None]
+        known = [stop - start for start, stop in line_ranges if stop is not None]
         with tqdm(
             total=sum(known) if len(known) == len(plans) else None,
-            unit="pairs",
+            unit="lines",
             desc="encode",
             dynamic_ncols=True,
             mininterval=1.0,
         ) as progress:
-            for plan in plans:
+            for plan, line_range in zip(plans, line_ranges):
+                group = plan.group
                 options = EncodeOptions(
                     role=plan.role,
-                    src_path=plan.src_path,
-                    tgt_path=plan.tgt_path,
-                    src_model=os.path.join(workdir, spm_files[0]),
-                    tgt_model=os.path.join(workdir, spm_files[-1]),
-                    src_dtype=dtypes[0].str,
-                    tgt_dtype=dtypes[1].str,
+                    paths=group.paths,
+                    models={lang: model_files[lang] for lang in group.paths},
+                    dtypes={lang: dtypes[lang].str for lang in group.paths},
+                    directions=tuple(group.directions),
                     skip_invalid=cfg.skip_invalid,
                     min_len=cfg.min_len,
                     max_len=cfg.max_len,
                     max_len_ratio=cfg.max_len_ratio,
                     dedup=cfg.dedup,
-                    monolingual=cfg.only_source,
                 )
-                entry, stats = write_split(
+                writer = write_split(
                     plan,
                     cfg=cfg,
                     options=options,
                     pool=pool,
                     workdir=workdir,
-                    dtypes=dtypes,
-                    line_range=line_ranges[plan.name],
+                    dtypes={lang: dtypes[lang] for lang in group.paths},
+                    line_range=line_range,
                     progress=progress,
                 )
-                splits[plan.name] = entry
-                all_stats.append(stats)
+                if plan.role == "train" and writer.num_samples == 0:
+                    reasons = ", ".join(f"{k}={v}" for k, v in writer.filtered.items() if v)
+                    raise DataError(
+                        f"{plan.prefix}: training set is empty after filtering "
+                        f"({reasons or 'no lines in this shard'})"
+                    )
+                names = {
+                    (src, tgt): _stored_split(cfg, plan.name, Pair(src, tgt))
+                    for src, tgt in group.directions
+                }
+                results += writer.finish(names)
         elapsed = time.perf_counter() - started
-        num_pairs = sum(s.num_lines for s in all_stats)
+        num_lines = sum(stats.num_lines for _, stats in results)
         logger.info(
-            "encoded %d pairs in %.2fs (%.0f pairs/s)",
-            num_pairs,
+            "encoded %d lines in %.2fs (%.0f lines/s)",
+            num_lines,
             elapsed,
-            num_pairs / max(elapsed, 1e-9),
+            num_lines / max(elapsed, 1e-9),
         )
-
-        for stats in all_stats:
-            if stats.role == "train" and stats.num_samples == 0:
-                raise DataError(
-                    f"{splits[stats.name].input_prefix}: training set is empty after filtering "
-                    f"({', '.join(f'{k}={v}' for k, v in stats.filtered.items() if v) or 'no lines in this shard'})"
-                )
+        # Splits in the order given, each one's directions in --lang-pairs order.
+        order = [
+            _stored_split(cfg, name, pair)
+            for name in dict.fromkeys(plan.name for plan in plans)
+            for pair in cfg.pairs
+        ]
+        results.sort(key=lambda result: order.index(result[0].name))
         config = to_dict(cfg)
         config["num_shards"], config["shard_id"] = shard.count, shard.index
+        tagged = cfg.lang_pairs is not None
         manifest = Manifest(
             directory=destdir,
-            source_lang=cfg.source_lang,
-            target_lang=cfg.languages[1],
+            source_lang=",".join(sorted({pair.source for pair in cfg.pairs})),
+            target_lang=",".join(sorted({pair.target for pair in cfg.pairs})),
             special_ids=dict(SPECIAL_IDS),
             spm=SpmEntry(
                 joint=joint,
                 src_model=spm_files[0],
                 tgt_model=spm_files[-1],
-                src_vocab_size=src_model.vocab_size,
-                tgt_vocab_size=tgt_model.vocab_size,
+                src_vocab_size=models[0].vocab_size,
+                tgt_vocab_size=models[-1].vocab_size,
                 given_model=cfg.spm_model,
             ),
-            splits=splits,
+            splits={entry.name: entry for entry, _ in results},
             checksums=sha256_files(workdir, sorted(os.listdir(workdir))),
             config=config,
+            lang_pairs=tuple(pair.name for pair in cfg.pairs) if tagged else (),
+            tags={tag: models[0].tags[tag] for tag in reserved_tags(languages)} if tagged else {},
         )
         # The manifest goes last: a directory with a manifest is a complete one.
         manifest.write(workdir)
-    return manifest, all_stats
+    return manifest, [stats for _, stats in results]
 
 
 def preprocess(cfg: PreprocessConfig) -> tuple[Manifest, list[SplitStats]]:
-    """Run the whole pipeline; returns (manifest, per-split statistics).
+    """Run the whole pipeline, for a dataset of any number of directions; returns (manifest,
+    per-split statistics).
 
     Sharded, the manifest is the whole dataset's once every part is done, else this part's.
-    ``--lang-pairs`` datasets are ``nmt.data.multilingual.preprocess_multilingual``'s (it builds
-    on this module).
     """
-    if cfg.lang_pairs is not None:
-        raise ValueError("--lang-pairs: a multilingual dataset (nmt.data.multilingual)")
     shard = shard_of(cfg)
     pool = EncodePool(cfg.workers or os.cpu_count() or 1, kind=cfg.encoder)
     destdir = os.path.abspath(cfg.destdir)
@@ -1081,6 +1147,8 @@ def finalize_parts(destdir: str, num_shards: int) -> Manifest | None:
                 **{k: v for k, v in first.config.items() if option_name(k) in options},
                 "num_shards": num_shards,
             },
+            lang_pairs=first.lang_pairs,
+            tags=first.tags,
         )
         manifest.write(destdir)
         logger.info("all %d parts done: wrote %s", num_shards, os.path.join(destdir, MANIFEST_NAME))
@@ -1104,29 +1172,34 @@ def merge_parts(manifest: Manifest) -> Manifest:
     splits = dict(manifest.splits)
     written: list[str] = []
     replaced: list[str] = []
+    # A language's files serve every direction of its group: each is merged once, named as in a part.
+    merged_sides: dict[str, SideEntry] = {}
     for name, entry in manifest.splits.items():
         if len(entry.parts) == 1:
             continue
         corpus = ParallelCorpus(directory, name, manifest=manifest, check_token_ids=False)
         sides = []
-        for lang, parted in (
-            (manifest.source_lang, corpus.src),
-            (manifest.target_lang, corpus.tgt),
+        for parted, first_side in (
+            (corpus.src, entry.parts[0].src),
+            (corpus.tgt, entry.parts[0].tgt),
         ):
-            prefix = f"{name}.{lang}"
-            writer = IndexedWriter(os.path.join(directory, prefix), dtype=parted.parts[0].dtype)
-            for dataset in parted.parts:
-                for start in range(0, len(dataset), MERGE_BLOCK_SAMPLES):
-                    stop = min(start + MERGE_BLOCK_SAMPLES, len(dataset))
-                    tokens = dataset.tokens[
-                        int(dataset.offsets[start]) : int(dataset.offsets[stop])
-                    ]
-                    writer.add_many(tokens, dataset.lengths[start:stop])
-            sides.append(writer.finish_entry(prefix))
-            written += [prefix + ".bin", prefix + ".idx"]
+            prefix = os.path.basename(first_side.prefix)
+            if prefix not in merged_sides:
+                writer = IndexedWriter(os.path.join(directory, prefix), dtype=parted.parts[0].dtype)
+                for dataset in parted.parts:
+                    for start in range(0, len(dataset), MERGE_BLOCK_SAMPLES):
+                        stop = min(start + MERGE_BLOCK_SAMPLES, len(dataset))
+                        tokens = dataset.tokens[
+                            int(dataset.offsets[start]) : int(dataset.offsets[stop])
+                        ]
+                        writer.add_many(tokens, dataset.lengths[start:stop])
+                merged_sides[prefix] = writer.finish_entry(prefix)
+                written += [prefix + ".bin", prefix + ".idx"]
+            sides.append(merged_sides[prefix])
         line_numbers = None
         if all(part.line_numbers for part in entry.parts):
-            line_numbers = f"{name}.line_numbers.npy"
+            line_numbers = os.path.basename(entry.parts[0].line_numbers or "")
+        if line_numbers and line_numbers not in written:
             numbers = LineNumbersWriter(os.path.join(directory, line_numbers))
             for part in entry.parts:
                 values = np.load(manifest.path(part.line_numbers), mmap_mode="r")

@@ -9,6 +9,7 @@ grow with the file.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import lzma
 import os
@@ -212,45 +213,57 @@ def line_count_mismatch(src_path: str, src_lines: int, tgt_path: str, tgt_lines:
     )
 
 
-def iter_parallel_chunks(
-    src_path: str, tgt_path: str, *, chunk_lines: int, start: int = 0, stop: int | None = None
-) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
-    """``(first line, source lines, target lines)`` in chunks of ``chunk_lines`` aligned lines,
-    for the lines ``[start, stop)``.
+def iter_aligned_chunks(
+    paths: dict[str, str], *, chunk_lines: int, start: int = 0, stop: int | None = None
+) -> Iterator[tuple[int, dict[str, list[bytes]]]]:
+    """``(first line, lines of each file)`` in chunks of ``chunk_lines`` aligned lines of ``paths``
+    (a language -> its file), for the lines ``[start, stop)``.
 
-    A line-count mismatch is raised (with both counts) as soon as one side ends before the other;
-    without ``stop`` that is at the end of the stream, after every chunk before it was yielded.
+    A line-count mismatch is raised (naming the first file and one whose count differs, with both
+    counts) as soon as one file ends before the others; without ``stop`` that is at the end of the
+    stream, after every chunk before it was yielded.
     """
-    with LineReader(src_path) as src, LineReader(tgt_path) as tgt:
-        if src.skip(start) < start or tgt.skip(start) < start:
-            src_total, tgt_total = (
-                src.line_number + src.count_rest(),
-                tgt.line_number + tgt.count_rest(),
-            )
-            if src_total != tgt_total:
-                raise line_count_mismatch(src_path, src_total, tgt_path, tgt_total)
+    with contextlib.ExitStack() as stack:
+        readers = {key: stack.enter_context(LineReader(path)) for key, path in paths.items()}
+
+        def mismatch() -> DataError | None:
+            totals = {
+                key: reader.line_number + reader.count_rest() for key, reader in readers.items()
+            }
+            first = next(iter(totals))
+            other = next((key for key, total in totals.items() if total != totals[first]), None)
+            if other is None:
+                return None
+            return line_count_mismatch(paths[first], totals[first], paths[other], totals[other])
+
+        if min([reader.skip(start) for reader in readers.values()]) < start:
+            error = mismatch()
+            if error is not None:
+                raise error
+            first_path = next(iter(paths.values()))
+            total = next(iter(readers.values())).line_number
             raise DataError(
-                f"{src_path}: {src_total} lines, fewer than this shard's first line {start + 1}"
+                f"{first_path}: {total} lines, fewer than this shard's first line {start + 1}"
             )
-        first = start
-        while stop is None or first < stop:
-            want = chunk_lines if stop is None else min(chunk_lines, stop - first)
-            src_chunk, tgt_chunk = src.read(want), tgt.read(want)
-            if len(src_chunk) != len(tgt_chunk):
-                raise line_count_mismatch(
-                    src_path,
-                    src.line_number + src.count_rest(),
-                    tgt_path,
-                    tgt.line_number + tgt.count_rest(),
-                )
-            if not src_chunk:
+        first_line = start
+        while stop is None or first_line < stop:
+            want = chunk_lines if stop is None else min(chunk_lines, stop - first_line)
+            chunk = {key: reader.read(want) for key, reader in readers.items()}
+            sizes = {len(lines) for lines in chunk.values()}
+            if len(sizes) > 1:
+                error = mismatch()
+                assert error is not None
+                raise error
+            size = sizes.pop()
+            if not size:
                 if stop is not None:
                     raise DataError(
-                        f"{src_path}: ends at line {first}, before this shard's last line {stop}"
+                        f"{next(iter(paths.values()))}: ends at line {first_line}, before this "
+                        f"shard's last line {stop}"
                     )
                 return
-            yield first, src_chunk, tgt_chunk
-            first += len(src_chunk)
+            yield first_line, chunk
+            first_line += size
 
 
 @dataclass

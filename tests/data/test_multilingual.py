@@ -7,16 +7,17 @@ import shutil
 import numpy as np
 import pytest
 
-from nmt.config import DataConfig
+from nmt.config import DataConfig, PreprocessConfig
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.directions import TaggedCorpus, open_directions
-from nmt.data.manifest import load_manifest
-from nmt.data.multilingual import language_shares
+from nmt.data.groups import language_shares
+from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.plan import TrainingDataPlan
+from nmt.data.preprocess import preprocess
 from nmt.data.spm import SentencePieceModel, language_tag
 from nmt_cli.preprocess import main as preprocess_main
 
-from ..conftest import MULTI_PAIRS, write_multiway
+from ..conftest import MULTI_PAIRS, run_torchrun, write_multiway
 
 
 def test_each_language_side_is_encoded_once(multi_data):
@@ -306,3 +307,84 @@ def test_moved_dataset_still_opens(multi_data, tmp_path):
 def test_subset_weights_refused_on_a_multilingual_dataset(multi_data):
     with pytest.raises(ValueError, match="--subset-weights: a multilingual dataset"):
         TrainingDataPlan(DataConfig(data_dir=multi_data, subset_weights=(1.0,)), seed=1)
+
+
+def _same_directions(single: str, parted: str) -> None:
+    """``parted`` reads as ``single``: the same directions, tags and samples, split for split."""
+    one, other = load_manifest(single), load_manifest(parted)
+    assert (other.lang_pairs, other.tags) == (one.lang_pairs, one.tags)
+    assert list(other.splits) == list(one.splits)
+    verify_checksums(other)
+    for split in one.splits:
+        a, b = ParallelCorpus(single, split), ParallelCorpus(parted, split)
+        assert len(a) == len(b) > 0
+        assert np.array_equal(a.line_numbers, b.line_numbers)
+        for i in range(len(a)):
+            assert np.array_equal(a[i][0], b[i][0]) and np.array_equal(a[i][1], b[i][1]), (split, i)
+        assert one.splits[split].filtered == other.splits[split].filtered
+
+
+@pytest.fixture(scope="module")
+def multi_text(tmp_path_factory):
+    """Multi-way train/valid text and per-pair corpora (``extra.en-de.*`` for en-de and de-en,
+    ``extra.fr-de.*``), and their single-process dataset."""
+    root = tmp_path_factory.mktemp("multi_text")
+    write_multiway(root, "train", 301, 5)
+    write_multiway(root, "valid", 20, 6)
+    for pair, count, seed in (("en-de", 150, 7), ("fr-de", 97, 8)):
+        write_multiway(root, "pairs", count, seed)
+        for lang in pair.split("-"):
+            os.rename(root / f"pairs.{lang}", root / f"extra.{pair}.{lang}")
+    options = dict(
+        lang_pairs="en-de,de-en,fr-de",
+        trainpref=[str(root / "train"), str(root / "extra")],
+        validpref=[str(root / "valid")],
+        spm_vocab_size=60,
+        workers=1,
+    )
+    preprocess(PreprocessConfig(destdir=str(root / "single"), **options))
+    return root, options
+
+
+def test_a_multilingual_dataset_is_preprocessed_in_shards_and_merged(multi_text):
+    root, options = multi_text
+    for shard_id in (0, 1):
+        preprocess(
+            PreprocessConfig(
+                destdir=str(root / "merged"),
+                num_shards=2,
+                shard_id=shard_id,
+                merge_parts=True,
+                **options,
+            )
+        )
+    merged = load_manifest(str(root / "merged"))
+    _same_directions(str(root / "single"), str(root / "merged"))
+    assert all(len(entry.parts) == 1 for entry in merged.splits.values())
+    # Merged, each language side of a group is still one file that its directions share.
+    assert merged.splits["train.en-de"].parts[0].tgt.prefix == "train.de"
+    assert merged.splits["train.de-en"].parts[0].src.prefix == "train.de"
+    assert merged.splits["train1.de-en"].parts[0].src.prefix == "train1.en-de.de"
+    assert merged.splits["train1.fr-de"].parts[0].tgt.prefix == "train1.fr-de.de"
+    stored = {n.rsplit(".", 1)[0] for n in os.listdir(root / "merged") if n.endswith(".bin")}
+    assert sorted(n for n in stored if n.startswith("train")) == [
+        "train.de",
+        "train.en",
+        "train.fr",
+        "train1.en-de.de",
+        "train1.en-de.en",
+        "train1.fr-de.de",
+        "train1.fr-de.fr",
+    ]
+
+
+def test_torchrun_preprocesses_a_multilingual_dataset_one_part_per_rank(multi_text):
+    root, options = multi_text
+    args = [f"--destdir={root / 'ranks'}", "--spm-vocab-size=60", "--workers=1"]
+    args += [f"--lang-pairs={options['lang_pairs']}", f"--validpref={root / 'valid'}"]
+    args += [f"--trainpref={root / 'train'},{root / 'extra'}"]
+    result = run_torchrun("nmt_cli.preprocess", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = load_manifest(str(root / "ranks"))
+    assert [len(entry.parts) for entry in ranks.splits.values()] == [2] * 6 + [1] * 3
+    _same_directions(str(root / "single"), str(root / "ranks"))

@@ -9,7 +9,7 @@ from nmt.data.text import (
     DataError,
     LineReader,
     decode_lines,
-    iter_parallel_chunks,
+    iter_aligned_chunks,
     read_raw_lines,
     resolve_text_file,
 )
@@ -89,10 +89,10 @@ def test_corrupt_compressed_input_names_the_file(tmp_path):
 def test_line_count_mismatch_found_at_the_end_names_both_files_and_counts(tmp_path):
     (tmp_path / "c.en").write_text("a\n" * 50_003)
     (tmp_path / "c.de").write_text("a\n" * 50_000)
-    chunks = iter_parallel_chunks(
-        str(tmp_path / "c.en"), str(tmp_path / "c.de"), chunk_lines=20_000
+    chunks = iter_aligned_chunks(
+        {"en": str(tmp_path / "c.en"), "de": str(tmp_path / "c.de")}, chunk_lines=20_000
     )
-    assert [first for first, _, _ in (next(chunks), next(chunks))] == [
+    assert [first for first, _ in (next(chunks), next(chunks))] == [
         0,
         20_000,
     ]  # streamed before the end is seen
@@ -106,12 +106,15 @@ def test_chunks_of_a_line_range(tmp_path):
     (tmp_path / "c.en").write_text("".join(f"e{i}\n" for i in range(100)))
     (tmp_path / "c.de").write_text("".join(f"d{i}\n" for i in range(100)))
     chunks = list(
-        iter_parallel_chunks(
-            str(tmp_path / "c.en"), str(tmp_path / "c.de"), chunk_lines=7, start=30, stop=61
+        iter_aligned_chunks(
+            {"en": str(tmp_path / "c.en"), "de": str(tmp_path / "c.de")},
+            chunk_lines=7,
+            start=30,
+            stop=61,
         )
     )
-    assert [first for first, _, _ in chunks] == [30, 37, 44, 51, 58]
-    assert [line for _, src, _ in chunks for line in src] == [
+    assert [first for first, _ in chunks] == [30, 37, 44, 51, 58]
+    assert [line for _, lines in chunks for line in lines["en"]] == [
         f"e{i}".encode() for i in range(30, 61)
     ]
 
