@@ -130,6 +130,9 @@ def from_dict(cls: type[T], values: dict[str, Any]) -> T:
 
 
 SPECIAL_SYMBOLS = ("pad", "bos", "eos", "unk")
+# How a glossary's terms are applied at inference (nmt.data.terminology): annotated after <term> (a
+# model trained to follow them, any decoder), as lexical constraints of the beam search, or both.
+GLOSSARY_MODES = ("annotate", "constrain", "both")
 
 
 @dataclass
@@ -1511,8 +1514,26 @@ class ServeConfig:
         "on SIGTERM, seconds the requests in flight have to finish before they are cancelled "
         "and the server exits",
     )
+    glossary: list[str] = opt(
+        default_factory=list,
+        help="NAME=FILE: a glossary (TSV, one 'source term<TAB>target term' per line) that requests "
+        'name as {"glossary": "NAME"}; comma-separate or repeat for several',
+        metavar="NAME=FILE",
+    )
+
+    @functools.cached_property
+    def glossary_files(self) -> dict[str, str]:
+        """--glossary as {name: file}."""
+        files: dict[str, str] = {}
+        for spec in self.glossary:
+            name, _, path = spec.partition("=")
+            _require(bool(name and path), "glossary", f"expected NAME=FILE, got {spec!r}")
+            _require(name not in files, "glossary", f"the name {name!r} is given twice")
+            files[name] = path
+        return files
 
     def __post_init__(self) -> None:
+        _ = self.glossary_files  # parsed (and checked) here, once
         for name in (
             "max_body_bytes",
             "max_request_sentences",

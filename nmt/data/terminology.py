@@ -32,9 +32,6 @@ from nmt.data.text import read_raw_lines
 MAX_ADDED_TOKENS = 16  # tokens one training annotation adds at most, tags included
 MAX_TRAINING_TERMS = 2  # phrases per annotated training sample: 1 or 2
 MAX_PHRASE_WORDS = 3
-# How a glossary's terms are applied at inference: annotated after <term> (a model trained to follow
-# them, any decoder), as lexical constraints of the beam search (any model, PyTorch), or both.
-GLOSSARY_MODES = ("annotate", "constrain", "both")
 _SALT = 0x7465726D  # "term": this module's draws apart from every other use of (seed, epoch)
 
 

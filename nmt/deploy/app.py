@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import html
 import importlib.resources
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,6 +31,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.config import ServeConfig
+from nmt.data.terminology import Glossary
 from nmt.deploy.batcher import DynamicBatcher
 from nmt.deploy.protocol import (
     RequestError,
@@ -104,9 +105,16 @@ class Routes:
     """The handlers of the app's routes, over one batcher that the app's lifespan starts and stops."""
 
     def __init__(
-        self, translator: Translator, cfg: ServeConfig, service: Service, *, backend: str
+        self,
+        translator: Translator,
+        cfg: ServeConfig,
+        service: Service,
+        *,
+        backend: str,
+        glossaries: Mapping[str, Glossary] | None = None,
     ) -> None:
         self.translator = translator
+        self.glossaries = dict(glossaries or {})  # nmt-serve --glossary NAME=FILE
         self.cfg = cfg
         self.service = service
         self.backend = backend
@@ -146,17 +154,35 @@ class Routes:
                 detected = (await self._detect([" ".join(asked.sentences)]))[0]
                 source = detected[0]
             direction = self.service.direction(source, asked.target)
+            terms = self._terms(asked)
         except RequestError as error:
             return error_response(error)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it
         try:
             translations = await self.batcher.translate(
-                asked.sentences, direction=direction, nbest=asked.alternatives + 1
+                asked.sentences,
+                direction=direction,
+                nbest=asked.alternatives + 1,
+                terms=terms,
+                glossary_mode=asked.glossary_mode,
             )
         except LengthLimitError as error:
             return error_response(untranslatable(asked, error))
-        return JSONResponse(translation_response(asked, translations, detected=detected))
+        return JSONResponse(
+            translation_response(asked, translations, detected=detected, terms=terms)
+        )
+
+    def _terms(self, asked: TranslateRequest) -> list[list[tuple[str, str]]] | None:
+        """Per sentence, the glossary terms found in it (None without a glossary); a 400 when
+        this model cannot apply them as asked (e.g. constraints with a CTranslate2 export)."""
+        if asked.glossary is None:
+            return None
+        try:
+            self.translator.check_glossary_mode(asked.glossary_mode)
+        except ValueError as error:
+            raise RequestError(400, str(error).replace("glossary mode", "glossary_mode")) from None
+        return [asked.glossary.matches(sentence) for sentence in asked.sentences]
 
     async def detect(self, request: Request) -> Response:
         """LibreTranslate's POST /detect."""
@@ -195,6 +221,7 @@ class Routes:
             body,
             max_sentences=self.cfg.max_request_sentences,
             content_type=request.headers.get("content-type", "application/json"),
+            glossaries=self.glossaries,
         )
 
     async def _detect(self, texts: list[str]) -> list[tuple[str, float]]:
@@ -225,6 +252,7 @@ def create_app(
     *,
     backend: str,
     zero_shot: bool = False,
+    glossaries: Mapping[str, Glossary] | None = None,
 ) -> Starlette:
     """The Starlette app; its lifespan starts and stops the batcher (so it must run under an ASGI server).
     A translator of several directions serves each request's ``source``/``target`` one."""
@@ -233,6 +261,7 @@ def create_app(
         cfg,
         Service(translator.languages, zero_shot),
         backend=backend,
+        glossaries=glossaries,
     )
     return Starlette(
         routes=[

@@ -36,6 +36,8 @@ class _Job:
     future: asyncio.Future[list[list[str]]]
     first_token: int | None = None  # a decoder-side target tag, forced
     nbest: int = 1
+    # Per sentence, its glossary's terms as lexical constraints (target pieces); None: none asked.
+    constraints: list[list[list[int]]] | None = None
 
 
 class DynamicBatcher:
@@ -72,17 +74,28 @@ class DynamicBatcher:
         self._executor.shutdown(wait=True)
 
     async def translate(
-        self, sentences: list[str], *, direction: Direction = BILINGUAL, nbest: int = 1
+        self,
+        sentences: list[str],
+        *,
+        direction: Direction = BILINGUAL,
+        nbest: int = 1,
+        terms: list[list[tuple[str, str]]] | None = None,
+        glossary_mode: str = "annotate",
     ) -> list[list[str]]:
         """The ``nbest`` best translations of each of ``sentences`` (in order), decoded together
         with whatever else is queued (other directions of a multilingual model included).
 
         A sentence that cannot be translated as asked (longer than the model reads, or under a
         length limit shorter than --min-len) raises ``LengthLimitError`` before it joins a batch.
+        ``terms``: per sentence, its glossary terms, applied in ``glossary_mode``
+        (``Translator.apply_terms``) to this request's sentences only.
         """
         assert not self._stopping, "a request after the batcher was stopped"
         loop = asyncio.get_running_loop()
         sources = self.translator.encode(sentences, direction=direction)
+        constraints = None
+        if terms is not None:
+            sources, constraints = self.translator.apply_terms(sources, terms, mode=glossary_mode)
         self.translator.check_sources(sources, self.translator.config, truncate=False)
         job = _Job(
             sources,
@@ -91,6 +104,7 @@ class DynamicBatcher:
             loop.create_future(),
             first_token=direction.first_token,
             nbest=nbest,
+            constraints=constraints,
         )
         self._jobs.append(job)
         self._queued_tokens += job.num_tokens
@@ -150,9 +164,19 @@ class DynamicBatcher:
             else [job.first_token for job in batch for _ in job.sources]
         )
         nbest = max(job.nbest for job in batch)
+        # Constraints travel per sentence: a request's never reach another's sentences.
+        constraints = (
+            None
+            if all(job.constraints is None for job in batch)
+            else [
+                phrases
+                for job in batch
+                for phrases in (job.constraints or [[] for _ in job.sources])
+            ]
+        )
         try:
             texts, num_target_tokens = await loop.run_in_executor(
-                self._executor, self._translate, sources, first_tokens, nbest
+                self._executor, self._translate, sources, first_tokens, nbest, constraints
             )
         except Exception as error:  # a failed decode fails its own request, not the service
             if len(batch) > 1:  # nor the requests that shared its batch: each goes again alone
@@ -189,7 +213,11 @@ class DynamicBatcher:
         )
 
     def _translate(
-        self, sources: list[np.ndarray], first_tokens: list[int] | None, nbest: int
+        self,
+        sources: list[np.ndarray],
+        first_tokens: list[int] | None,
+        nbest: int,
+        constraints: list[list[list[int]]] | None = None,
     ) -> tuple[list[list[str]], int]:
         """On the decode thread: the ``nbest`` best translations per source, and the target
         tokens of the best ones (EOS counted)."""
@@ -197,7 +225,9 @@ class DynamicBatcher:
             {} if nbest == 1 else {"nbest": nbest, "beam": max(nbest, self.translator.config.beam)}
         )
         nbests = self.translator.detokenize(
-            self.translator.generate(sources, first_tokens=first_tokens, **options)
+            self.translator.generate(
+                sources, first_tokens=first_tokens, constraints=constraints, **options
+            )
         )
         return [[t.text for t in found] for found in nbests], sum(
             len(found[0].tokens) + 1 for found in nbests

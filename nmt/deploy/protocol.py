@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nmt.config import GLOSSARY_MODES
+from nmt.data.terminology import Glossary, term_problem
 from nmt.eval.hypothesis import LengthLimitError
 from nmt.eval.languages import language_name
 from nmt.languages import Direction, Languages
 
 MAX_ALTERNATIVES = 8
+# A request's own glossary: bounded, since each of its terms is matched in every sentence.
+MAX_GLOSSARY_ENTRIES = 256
+MAX_TERM_CHARS = 200
 FORM = "application/x-www-form-urlencoded"
 
 
@@ -48,6 +54,8 @@ class TranslateRequest:
     source: str | None = None  # "auto": detect it
     target: str | None = None
     alternatives: int = 0  # further translations besides the best
+    glossary: Glossary | None = None  # the request's own, or a named one of the server
+    glossary_mode: str = "annotate"  # how its terms are applied (``Translator.apply_terms``)
 
     @property
     def sentences(self) -> list[str]:
@@ -131,7 +139,11 @@ def _check_options(payload: dict[str, Any]) -> None:
 
 
 def parse_request(
-    body: bytes, *, max_sentences: int, content_type: str = "application/json"
+    body: bytes,
+    *,
+    max_sentences: int,
+    content_type: str = "application/json",
+    glossaries: Mapping[str, Glossary] | None = None,
 ) -> TranslateRequest:
     """A LibreTranslate body (JSON or form) -> a ``TranslateRequest``; RequestError otherwise.
     Which directions exist is the service's to check (``Service.direction``)."""
@@ -139,6 +151,12 @@ def parse_request(
     texts, is_list = _texts(payload)
     _check_options(payload)
     alternatives = _alternatives(payload)
+    glossary = _glossary(payload.get("glossary"), glossaries or {})
+    glossary_mode = payload.get("glossary_mode", "annotate")
+    if glossary_mode not in GLOSSARY_MODES:
+        raise RequestError(
+            400, f"glossary_mode: must be one of {', '.join(GLOSSARY_MODES)}, got {glossary_mode!r}"
+        )
     lines = [text.split("\n") for text in texts]  # one sentence per line: "\n" only
     num_sentences = sum(len(text_lines) for text_lines in lines)
     if num_sentences > max_sentences:
@@ -152,7 +170,40 @@ def parse_request(
         source=payload.get("source") or None,
         target=payload.get("target") or None,
         alternatives=alternatives,
+        glossary=glossary,
+        glossary_mode=glossary_mode,
     )
+
+
+def _glossary(value: Any, named: Mapping[str, Glossary]) -> Glossary | None:
+    """``glossary``: a JSON object of source term -> target term (at most
+    ``MAX_GLOSSARY_ENTRIES``, terms of at most ``MAX_TERM_CHARS`` characters), or the name of one
+    the server loaded (nmt-serve --glossary NAME=FILE); a bad entry is a 400 naming it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value not in named:
+            loaded = ", ".join(sorted(named)) or "none: nmt-serve --glossary NAME=FILE loads one"
+            raise RequestError(400, f"glossary: no glossary named {value!r} (loaded: {loaded})")
+        return named[value]
+    if not isinstance(value, dict):
+        raise RequestError(
+            400, "glossary: must be an object of source term -> target term, or a glossary's name"
+        )
+    if len(value) > MAX_GLOSSARY_ENTRIES:
+        raise RequestError(
+            400, f"glossary: {len(value)} entries, at most {MAX_GLOSSARY_ENTRIES} per request"
+        )
+    for source, target in value.items():
+        if not isinstance(target, str):
+            raise RequestError(400, f"glossary entry {source!r}: the target term must be a string")
+        problem = term_problem(source, target)
+        longest = max(len(source), len(target))
+        if problem is None and longest > MAX_TERM_CHARS:
+            problem = f"a term of {longest} characters, over the limit of {MAX_TERM_CHARS}"
+        if problem is not None:
+            raise RequestError(400, f"glossary entry {source!r}: {problem}")
+    return Glossary(value, name="the request's glossary")
 
 
 @dataclass(frozen=True)
@@ -259,9 +310,12 @@ def translation_response(
     translations: list[list[str]],
     *,
     detected: tuple[str, float] | None = None,
+    terms: list[list[tuple[str, str]]] | None = None,
 ) -> dict[str, Any]:
     """The body answering ``asked``, from the n-best translations of each of its sentences (in
-    ``asked.sentences``' order, best first) and the detected source language (``source: auto``)."""
+    ``asked.sentences``' order, best first) and the detected source language (``source: auto``);
+    ``terms``: the glossary terms applied to each sentence, answered per text as
+    ``appliedTerms`` (``[{"source": ..., "target": ...}]``)."""
     ranked: list[list[str]] = []  # per text: its best, then its alternatives
     offset = 0
     for text_lines in asked.lines:
@@ -278,12 +332,29 @@ def translation_response(
     }
     if asked.alternatives:
         response["alternatives"] = [r[1:] for r in ranked] if asked.is_list else ranked[0][1:]
+    if terms is not None:
+        applied = [
+            [{"source": source, "target": target} for source, target in dict(found).items()]
+            for found in _per_text(asked, terms)
+        ]
+        response["appliedTerms"] = applied if asked.is_list else applied[0]
     if detected is not None:
         found_language = detection(*detected)
         response["detectedLanguage"] = (
             [found_language] * len(asked.lines) if asked.is_list else found_language
         )
     return response
+
+
+def _per_text(
+    asked: TranslateRequest, terms: list[list[tuple[str, str]]]
+) -> list[list[tuple[str, str]]]:
+    """The terms of each text: its sentences' terms, in order."""
+    found, offset = [], 0
+    for text_lines in asked.lines:
+        found.append([term for line in terms[offset : offset + len(text_lines)] for term in line])
+        offset += len(text_lines)
+    return found
 
 
 def detection_response(asked: TranslateRequest, found: list[tuple[str, float]]) -> Any:

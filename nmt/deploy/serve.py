@@ -24,6 +24,7 @@ import sys
 import time
 
 from nmt.config import EvalConfig, ServeConfig, ServeIOConfig
+from nmt.data.terminology import Glossary
 from nmt.deploy.batcher import DynamicBatcher
 from nmt.deploy.protocol import RequestError, Service, TranslateRequest, parse_request
 from nmt.eval.ct2_model import CT2Model
@@ -82,6 +83,8 @@ def run_server(io: ServeIOConfig, cfg: ServeConfig, search: EvalConfig) -> int:
     from nmt.deploy.app import create_app
     from nmt.deploy.connections import GuardedH11Protocol
 
+    glossaries = {name: Glossary.read(path) for name, path in cfg.glossary_files.items()}
+
     # Listen first: a taken port is reported at once, and early clients wait in the backlog.
     with listen(io.host, io.port) as sock:
         translator = load_translator(io, search)
@@ -102,6 +105,7 @@ def run_server(io: ServeIOConfig, cfg: ServeConfig, search: EvalConfig) -> int:
             cfg,
             backend=backend,
             zero_shot=io.zero_shot,
+            glossaries=glossaries,
         )
         server = uvicorn.Server(
             uvicorn.Config(

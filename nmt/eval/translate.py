@@ -21,18 +21,19 @@ import dataclasses
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
 from tqdm import tqdm
 
-from nmt.config import EvalConfig
+from nmt.config import GLOSSARY_MODES, EvalConfig
 from nmt.data.batching import greedy_offsets
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import Manifest
-from nmt.data.spm import EOS_ID, PAD_ID, SentencePieceModel
+from nmt.data.spm import EOS_ID, PAD_ID, TERM_TAG, SentencePieceModel
+from nmt.data.terminology import Glossary, append_terms
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.constraint_input import check_phrases
 from nmt.eval.ct2_model import CT2Model, read_export_manifest
@@ -270,13 +271,17 @@ class Translator:
         target_lang: str | None = None,
         constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
         ordered_constraints: bool = False,
+        glossary: Glossary | Mapping[str, str] | None = None,
+        glossary_mode: str = "annotate",
         **options: Any,
     ) -> str | list[str]:
         """Best translation of each line (of the one sentence, given a ``str``); ``options`` override
         ``EvalConfig`` fields (beam=5, lenpen=...); a multilingual model needs the direction.
 
         ``constraints``: per line, phrases its translation must contain (given one ``str`` line:
-        its phrases); ``ordered_constraints``: in that order (``nmt.eval.constraints``)."""
+        its phrases); ``ordered_constraints``: in that order (``nmt.eval.constraints``).
+        ``glossary``: source term -> target term, applied to each line where its source term
+        occurs (``apply_terms`` says how ``glossary_mode`` applies it)."""
         sentences, single = _sentences(lines)
         best = [
             nbest[0].text
@@ -287,6 +292,8 @@ class Translator:
                 target_lang=target_lang,
                 constraints=constraints,
                 ordered_constraints=ordered_constraints,
+                glossary=glossary,
+                glossary_mode=glossary_mode,
                 **options,
             )
         ]
@@ -301,21 +308,34 @@ class Translator:
         target_lang: str | None = None,
         constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
         ordered_constraints: bool = False,
+        glossary: Glossary | Mapping[str, str] | None = None,
+        glossary_mode: str = "annotate",
         **options: Any,
     ) -> list[list[Translation]]:
-        """Per line, ``nbest`` translations, best first (a ``str`` is one line); ``constraints`` as
-        ``translate`` takes them."""
+        """Per line, ``nbest`` translations, best first (a ``str`` is one line); ``constraints``
+        and ``glossary`` as ``translate`` takes them."""
         sentences, single = _sentences(lines)
         direction = self.direction(source_lang, target_lang)
         sources = self.encode(sentences, direction=direction)
+        phrases = (
+            None
+            if constraints is None
+            else self.encode_constraints([constraints] if single else constraints)
+        )
+        if glossary is not None:
+            found = Glossary(glossary) if not isinstance(glossary, Glossary) else glossary
+            sources, phrases = self.apply_terms(
+                sources,
+                [found.matches(sentence) for sentence in sentences],
+                mode=glossary_mode,
+                constraints=phrases,
+            )
         return self.detokenize(
             self.generate(
                 sources,
                 progress=progress,
                 first_tokens=self.first_tokens(direction, len(sources)),
-                constraints=None
-                if constraints is None
-                else self.encode_constraints([constraints] if single else constraints),
+                constraints=phrases,
                 ordered_constraints=ordered_constraints,
                 **options,
             )
@@ -339,6 +359,53 @@ class Translator:
             )
             encoded.append(pieces)
         return encoded
+
+    def check_glossary_mode(self, mode: str) -> None:
+        """ValueError (one line) unless this model can apply glossary terms in ``mode``
+        (``apply_terms``): ``annotate`` needs the ``<term>`` tag in the vocabulary, ``constrain``
+        the beam search of a PyTorch checkpoint."""
+        if mode not in GLOSSARY_MODES:
+            raise ValueError(
+                f"glossary mode: must be one of {', '.join(GLOSSARY_MODES)}, got {mode!r}"
+            )
+        if mode != "constrain" and TERM_TAG not in self.src_spm.tags:
+            raise ValueError(
+                f"glossary mode {mode}: this model's vocabulary has no {TERM_TAG} tag (its data "
+                "was preprocessed by an older nmt), so it cannot read annotated terms; apply the "
+                "glossary as constraints (mode constrain) instead"
+            )
+        if mode != "annotate":
+            self.check_constraints(option=f"glossary mode {mode}")
+
+    def apply_terms(
+        self,
+        sources: Sequence[np.ndarray],
+        terms: Sequence[Sequence[tuple[str, str]]],
+        *,
+        mode: str = "annotate",
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    ) -> tuple[list[np.ndarray], list[list[list[int]]] | None]:
+        """Each source (ids, EOS last) with its sentence's glossary ``terms`` ((source term, target
+        term) found by ``Glossary.matches``) applied: ``annotate``: the target terms after the
+        ``<term>`` tag (a model trained with --term-annotation-rate follows them, in any decoder);
+        ``constrain``: as lexical constraints (beam search, PyTorch only), added to
+        ``constraints``; ``both``. Returns the sources and the constraints (None if none)."""
+        self.check_glossary_mode(mode)
+        if len(terms) != len(sources):
+            raise ValueError(f"glossary: {len(terms)} term lists for {len(sources)} sentences")
+        targets = [[target for _, target in found] for found in terms]
+        annotated = list(sources)
+        if mode != "constrain":
+            tag = self.src_spm.tags[TERM_TAG]
+            annotated = [
+                append_terms(source, self.src_spm.encode(found), tag=tag) if found else source
+                for source, found in zip(sources, targets)
+            ]
+        if mode == "annotate":
+            return annotated, None if constraints is None else [list(c) for c in constraints]
+        added = [self.tgt_spm.encode(found) if found else [] for found in targets]
+        previous = constraints or [[] for _ in sources]
+        return annotated, [[*map(list, old), *new] for old, new in zip(previous, added)]
 
     def encode(self, lines: Sequence[str], *, direction: Direction = BILINGUAL) -> list[np.ndarray]:
         """Source token ids of raw lines, EOS included, as ``generate`` takes them; a multilingual
@@ -424,16 +491,18 @@ class Translator:
                 bar.update(len(indices))
         return results
 
-    def check_constraints(self, cfg: EvalConfig | None = None) -> None:
-        """ValueError (one line) unless this backend can search lexical constraints under ``cfg``
-        (default: the Translator's own)."""
+    def check_constraints(
+        self, cfg: EvalConfig | None = None, *, option: str = "--constraints"
+    ) -> None:
+        """ValueError (one line, naming ``option``) unless this backend can search lexical
+        constraints under ``cfg`` (default: the Translator's own)."""
         if isinstance(self.backend, CT2Model):
             raise ValueError(
-                f"--constraints: {self.backend.name} is a CTranslate2 export, which has no lexical "
+                f"{option}: {self.backend.name} is a CTranslate2 export, which has no lexical "
                 "constraints; decode with the PyTorch checkpoint"
             )
         if (cfg or self.config).sampling:
-            raise ValueError("--constraints: beam search only, not with --sampling")
+            raise ValueError(f"{option}: beam search only, not with --sampling")
 
     def require_forced_decoding(self) -> None:
         """Raise (one line) unless the backend can score given targets: fairseq's P-/A- lines and

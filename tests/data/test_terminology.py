@@ -16,7 +16,8 @@ from nmt.data.terminology import (
     draw_phrases,
     word_starts,
 )
-from tests.data._corpora import random_pairs, write_corpus
+
+from ..helpers import random_pairs, write_corpus
 
 MAX_TOKENS = 256
 

@@ -1,0 +1,133 @@
+"""Terminology end to end: a tiny corpus preprocessed, a few updates trained with
+--term-annotation-rate 0.5 (its batches carry <term>), then a glossary applied with the PyTorch
+checkpoint and with its CTranslate2 export, the annotated source reaching each decoder."""
+
+from __future__ import annotations
+
+import pytest
+
+from nmt.data import plan as plan_module
+from nmt.data.spm import EOS_ID, TERM_TAG
+from nmt.eval import Translator
+
+from ..helpers import TINY_MODEL_FLAGS, random_pairs, write_corpus
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(checkpoint, the source batches training read) of 4 updates with --term-annotation-rate 0.5."""
+    from nmt_cli.preprocess import main as preprocess_main
+    from nmt_cli.train import main as train_main
+
+    root = tmp_path_factory.mktemp("terms")
+    src, tgt = random_pairs(200, seed=5)
+    prefix = write_corpus(str(root), "train", src, tgt)
+    assert (
+        preprocess_main(
+            ["-s", "en", "-t", "de", "--trainpref", prefix, "--validpref", prefix]
+            + ["--destdir", str(root / "data"), "--spm-vocab-size", "60", "--workers", "1"]
+        )
+        == 0
+    )
+    batches = []
+    make = plan_module._BatchMaker.__call__
+
+    def spy(self, indices):
+        batch = make(self, indices)
+        batches.append(batch["src_tokens"].clone())
+        return batch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan_module._BatchMaker, "__call__", spy)
+        assert (
+            train_main(
+                [str(root / "data"), "--save-dir", str(root / "ck"), "--max-update", "4"]
+                + [
+                    "--max-tokens",
+                    "512",
+                    "--term-annotation-rate",
+                    "0.5",
+                    "--seed",
+                    "3",
+                    "--layout",
+                    "padded",
+                ]
+                + [
+                    "--no-epoch-checkpoints",
+                    "--no-progress-bar",
+                    "--device",
+                    "cpu",
+                    *TINY_MODEL_FLAGS,
+                ]
+            )
+            == 0
+        )
+    return str(root / "ck" / "checkpoint_last.pt"), batches
+
+
+def test_training_batches_carry_reference_terms(trained) -> None:
+    checkpoint, batches = trained
+    tag = Translator.from_checkpoint(checkpoint).src_spm.tags[TERM_TAG]
+    assert batches
+    with_tag = sum(int((batch == tag).any(dim=1).sum()) for batch in batches)
+    rows = sum(batch.shape[0] for batch in batches)
+    assert 0.3 < with_tag / rows < 0.7
+
+
+def expected_source(translator: Translator, sentence: str, term: str) -> list[int]:
+    spm = translator.src_spm
+    return spm.encode([sentence])[0] + [spm.tags[TERM_TAG], *spm.encode([term])[0], EOS_ID]
+
+
+def test_a_glossary_reaches_the_pytorch_model_annotated(trained, monkeypatch) -> None:
+    translator = Translator.from_checkpoint(trained[0])
+    reached = []
+    searcher = translator.backend.searcher
+
+    def spying_searcher(cfg, **options):
+        search = searcher(cfg, **options)
+
+        def spy(batch, *args):
+            reached.extend(source.tolist() for source in batch)
+            return search(batch, *args)
+
+        return spy
+
+    monkeypatch.setattr(translator.backend, "searcher", spying_searcher)
+    tag = translator.src_spm.tags[TERM_TAG]
+    translator.translate(["a red dog", "the cat"])
+    assert reached and not any(tag in source for source in reached)
+    reached.clear()
+    translator.translate(["a red dog", "the cat"], glossary={"dog": "hund"})
+    plain_source = translator.src_spm.encode(["the cat"])[0] + [EOS_ID]
+    assert sorted(reached) == sorted(
+        [expected_source(translator, "a red dog", "hund"), plain_source]
+    )
+    # hard constraints: the term is in the output whatever the model learnt
+    output = translator.translate("a red dog", glossary={"dog": "katzekatze"}, glossary_mode="both")
+    assert "katzekatze" in output
+
+
+def test_a_glossary_reaches_the_ctranslate2_export_annotated(
+    trained, tmp_path, monkeypatch
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from nmt.deploy.ct2 import export_ctranslate2
+
+    export_ctranslate2([trained[0]], str(tmp_path / "ct2"))
+    translator = Translator.from_checkpoint(str(tmp_path / "ct2"))
+    reached = []
+    search = translator.backend._search
+
+    def spy(tokens, *args, **kwargs):
+        reached.extend(tokens)
+        return search(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(translator.backend, "_search", spy)
+    translator.translate("a red dog", glossary={"dog": "hund"})
+    pieces = translator.src_spm.processor.id_to_piece
+    annotated = [pieces(i) for i in expected_source(translator, "a red dog", "hund")[:-1]]
+    # (a sentence that runs to its length limit is searched again: the same tokens)
+    assert reached and all(tokens == annotated for tokens in reached)
+    with pytest.raises(ValueError, match="CTranslate2 export, which has no lexical constraints"):
+        translator.translate("a red dog", glossary={"dog": "hund"}, glossary_mode="constrain")
