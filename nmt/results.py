@@ -237,3 +237,11 @@ def describe_expected(results: Results, updates: int, metric: str = "bleu") -> s
     return (
         f"expected {metric} at {updates} updates: {expected.value:.2f} (from {where} in {source})"
     )
+
+
+def expected_line(path: str, updates: int, metric: str = "bleu") -> str:
+    """``describe_expected`` of the results file at ``path``, or a line saying there is none yet
+    (a recipe published for no revision so far still finishes with its own scores)."""
+    if not os.path.isfile(path):
+        return f"no expected {metric} at {updates} updates: {path} has not been measured yet"
+    return describe_expected(read_results(path), updates, metric)

@@ -11,6 +11,7 @@ from nmt.results import (
     Results,
     describe_expected,
     expected_at,
+    expected_line,
     read_results,
     write_results,
 )
@@ -124,3 +125,13 @@ def test_results_file_is_plain_json(tmp_path):
     write_results(str(path), figures={"ratio": 1.5})
     record = json.loads(path.read_text(encoding="utf-8"))
     assert record["results_version"] == 1 and record["figures"] == {"ratio": 1.5}
+
+
+def test_expected_line_reads_the_file_or_says_there_is_none(tmp_path):
+    path = str(tmp_path / "multi30k.json")
+    assert (
+        expected_line(path, 900)
+        == f"no expected bleu at 900 updates: {path} has not been measured yet"
+    )
+    write_results(path, figures={"by_update": CURVE})
+    assert expected_line(path, 900).startswith("expected bleu at 900 updates: 33.00 (from 600-1000")
