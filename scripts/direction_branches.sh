@@ -24,4 +24,4 @@ for p in "${patterns[@]}"; do
 done
 printf '%-52s %3d lines %2d files\n' total "$total" \
   "$(grep -rlE --include='*.py' -e "$(IFS='|'; echo "${patterns[*]}")" nmt cli | wc -l || true)"
-wc -l nmt/data/multilingual.py nmt/data/preprocess.py 2>/dev/null || wc -l nmt/data/preprocess.py
+wc -l nmt/data/preprocess.py nmt/data/groups.py nmt/data/multilingual.py 2>/dev/null || true

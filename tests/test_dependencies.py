@@ -50,6 +50,7 @@ FORBIDDEN = {
         "torch",
     ),
     "nmt/lazy.py": STDLIB_ONLY,
+    "nmt/languages.py": STDLIB_ONLY,  # the ground floor of languages, below nmt.config
     "nmt/workers.py": STDLIB_ONLY,
     "nmt/fileio.py": STDLIB_ONLY,
 }

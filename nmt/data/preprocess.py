@@ -955,7 +955,14 @@ def build_dataset(
             checksums=sha256_files(workdir, sorted(os.listdir(workdir))),
             config=config,
             lang_pairs=tuple(pair.name for pair in cfg.pairs) if tagged else (),
-            tags={tag: models[0].tags[tag] for tag in reserved_tags(languages)} if tagged else {},
+            # (a given model made before a tag was added to reserved_tags lacks that one)
+            tags={
+                tag: models[0].tags[tag]
+                for tag in reserved_tags(languages)
+                if tag in models[0].tags
+            }
+            if tagged
+            else {},
         )
         # The manifest goes last: a directory with a manifest is a complete one.
         manifest.write(workdir)

@@ -1,6 +1,7 @@
 """Multilingual preprocessing (nmt-preprocess --lang-pairs) and the direction corpora training reads:
 each language side encoded once, tags reserved, per-pair files, and one line for each bad input."""
 
+import gzip
 import os
 import shutil
 
@@ -388,3 +389,48 @@ def test_torchrun_preprocesses_a_multilingual_dataset_one_part_per_rank(multi_te
     ranks = load_manifest(str(root / "ranks"))
     assert [len(entry.parts) for entry in ranks.splits.values()] == [2] * 6 + [1] * 3
     _same_directions(str(root / "single"), str(root / "ranks"))
+
+
+OLD = os.path.join(os.path.dirname(__file__), "..", "fixtures", "main-0bb72c8")
+
+
+@pytest.mark.parametrize(
+    "name, languages",
+    [
+        ("en-de", dict(source_lang="en", target_lang="de")),
+        ("multi", dict(lang_pairs="en-de,de-en,en-fr")),
+    ],
+)
+def test_the_one_pipeline_writes_the_datasets_main_0bb72c8_wrote(tmp_path, name, languages):
+    """Bilingual or multilingual, the same text and options give main 0bb72c8's files, byte for
+    byte (its make.sh: the first lines of data/multi30k; its vocabulary given, as today's reserves
+    one more tag), and the old dataset opens as directions."""
+    data = os.path.join(os.path.dirname(__file__), "..", "..", "data", "multi30k")
+    for split, stored, count in (
+        ("train", "train", 300),
+        ("valid", "val", 30),
+        ("test", "test_2016_flickr", 30),
+    ):
+        for lang in ("en", "de", "fr"):
+            with gzip.open(os.path.join(data, f"{stored}.{lang}.gz"), "rt", encoding="utf-8") as f:
+                head = [line for _, line in zip(range(count), f)]
+            (tmp_path / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
+    manifest, _ = preprocess(
+        PreprocessConfig(
+            trainpref=[str(tmp_path / "train")],
+            validpref=[str(tmp_path / "valid")],
+            testpref=[str(tmp_path / "test")],
+            destdir=str(tmp_path / "out"),
+            spm_model=os.path.join(OLD, name, "spm.model"),
+            workers=1,
+            **languages,
+        )
+    )
+    old = load_manifest(os.path.join(OLD, name))
+    assert manifest.checksums == old.checksums
+    assert (manifest.lang_pairs, manifest.tags) == (old.lang_pairs, old.tags)
+    assert manifest.splits.keys() == old.splits.keys()
+    plan = TrainingDataPlan(DataConfig(data_dir=old.directory), seed=1)
+    assert plan.corpus_names == old.training_splits(["train"])
+    assert list(plan.valid_sets) == list(old.languages().pairs)
+    plan.close()
