@@ -12,8 +12,8 @@ Values compare as plain data: tuples as lists, mappings by key, an option's ``co
 path is a name, and where the content matters the identity holds its checksum as a fact.
 
 An item that an old record lacks (the option is newer than the record) compares equal when the
-current value is the option's default (``defaults``, given to ``differences`` as ``absent``): the old code behaved as the default does,
-so old checkpoints still resume.
+current value is the option's default (``defaults``, given to ``differences`` as ``absent``): the
+old code behaved as the default does, so old checkpoints still resume.
 """
 
 from __future__ import annotations
