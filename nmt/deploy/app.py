@@ -179,9 +179,9 @@ class Routes:
         if asked.glossary is None:
             return None
         try:
-            self.translator.check_glossary_mode(asked.glossary_mode)
+            self.translator.check_glossary_mode(asked.glossary_mode, option="glossary_mode")
         except ValueError as error:
-            raise RequestError(400, str(error).replace("glossary mode", "glossary_mode")) from None
+            raise RequestError(400, str(error)) from None
         return [asked.glossary.matches(sentence) for sentence in asked.sentences]
 
     async def detect(self, request: Request) -> Response:

@@ -4,6 +4,7 @@
     translator.translate(["A man is riding a bike."], beam=5)   # -> ["Ein Mann fährt Fahrrad."]
     translator.translate("A man is riding a bike.")             # one sentence -> one str
     translator.translate("A man is riding a bike.", constraints=["Rad"])  # lexical constraints
+    translator.translate("A man is riding a bike.", glossary={"bike": "Rad"})  # terms (nmt.data.terminology)
     translator.score(hypotheses, references)                    # -> [BLEU, chrF2] with signatures
     Translator.from_checkpoint(["a.pt", "b.pt"])                 # an ensemble (mean of probabilities)
     Translator.from_checkpoint(["a.pt", "b.pt"], average=True)   # one model, weights averaged
@@ -360,22 +361,20 @@ class Translator:
             encoded.append(pieces)
         return encoded
 
-    def check_glossary_mode(self, mode: str) -> None:
-        """ValueError (one line) unless this model can apply glossary terms in ``mode``
-        (``apply_terms``): ``annotate`` needs the ``<term>`` tag in the vocabulary, ``constrain``
-        the beam search of a PyTorch checkpoint."""
+    def check_glossary_mode(self, mode: str, *, option: str = "glossary mode") -> None:
+        """ValueError (one line, naming ``option``) unless this model can apply glossary terms in
+        ``mode`` (``apply_terms``): ``annotate`` needs the ``<term>`` tag in the vocabulary,
+        ``constrain`` the beam search of a PyTorch checkpoint."""
         if mode not in GLOSSARY_MODES:
-            raise ValueError(
-                f"glossary mode: must be one of {', '.join(GLOSSARY_MODES)}, got {mode!r}"
-            )
+            raise ValueError(f"{option}: must be one of {', '.join(GLOSSARY_MODES)}, got {mode!r}")
         if mode != "constrain" and TERM_TAG not in self.src_spm.tags:
             raise ValueError(
-                f"glossary mode {mode}: this model's vocabulary has no {TERM_TAG} tag (its data "
-                "was preprocessed by an older nmt), so it cannot read annotated terms; apply the "
+                f"{option} {mode}: this model's vocabulary has no {TERM_TAG} tag (its data was "
+                "preprocessed by an older nmt), so it cannot read annotated terms; apply the "
                 "glossary as constraints (mode constrain) instead"
             )
         if mode != "annotate":
-            self.check_constraints(option=f"glossary mode {mode}")
+            self.check_constraints(option=f"{option} {mode}")
 
     def apply_terms(
         self,

@@ -131,3 +131,21 @@ def test_a_glossary_reaches_the_ctranslate2_export_annotated(
     assert reached and all(tokens == annotated for tokens in reached)
     with pytest.raises(ValueError, match="CTranslate2 export, which has no lexical constraints"):
         translator.translate("a red dog", glossary={"dog": "hund"}, glossary_mode="constrain")
+
+
+def test_a_glossary_mode_the_model_cannot_apply_is_one_line(trained, monkeypatch) -> None:
+    from nmt.data.spm import SentencePieceModel
+
+    translator = Translator.from_checkpoint(trained[0])
+    with pytest.raises(ValueError, match="glossary mode: must be one of annotate, constrain, both"):
+        translator.translate("a dog", glossary={"dog": "hund"}, glossary_mode="soft")
+    monkeypatch.setattr(SentencePieceModel, "tags", property(lambda self: {}))
+    with pytest.raises(ValueError) as error:
+        translator.translate("a dog", glossary={"dog": "hund"})
+    assert str(error.value).startswith(
+        "glossary mode annotate: this model's vocabulary has no <term>"
+    )
+    assert "\n" not in str(error.value)
+    assert "hund" in translator.translate(
+        "a dog", glossary={"dog": "hund"}, glossary_mode="constrain"
+    )
