@@ -15,6 +15,7 @@ import time
 
 from nmt.data.text import decode_lines, read_raw_lines, resolve_text_file
 from nmt.eval.language_id import detect
+from nmt.results import write_results
 
 LANGUAGES = ("en", "de", "fr", "cs")
 
@@ -27,10 +28,12 @@ def main() -> None:
         help="directory of SPLIT.LANG(.gz) files",
     )
     parser.add_argument("--split", default="val")
+    parser.add_argument("--results", help="also write the table as a results file (nmt.results)")
     args = parser.parse_args()
     print(
         f"{'language':<9} {'sentences':>9} {'among en/de/fr/cs':>18} {'all 97':>8} {'ms/sent':>8}"
     )
+    rows = []
     for lang in LANGUAGES:
         path = resolve_text_file(os.path.join(args.data, args.split), lang)
         lines = decode_lines(read_raw_lines(path), path=path, replace_invalid=True).lines
@@ -45,6 +48,17 @@ def main() -> None:
         print(
             f"{lang:<9} {len(lines):>9} {right[0]:>17.2f}% {right[1]:>7.2f}% "
             f"{1000 * elapsed / len(lines):>8.2f}"
+        )
+        rows.append([lang, f"{len(lines):,}", f"{right[0]:.2f}%", f"{right[1]:.2f}%"])
+    if args.results:
+        among = [float(row[2][:-1]) for row in rows]
+        columns = ["language", "sentences", "right among en/de/fr/cs", "right among all 97"]
+        write_results(
+            args.results,
+            figures={
+                "right_among_languages": {"min": min(among), "max": max(among)},
+                "table": {"columns": columns, "rows": rows},
+            },
         )
 
 

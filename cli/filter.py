@@ -46,17 +46,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _filter(cfg: FilterConfig) -> int:
     from nmt import dist
-    from nmt.device import resolve_device
     from nmt.train.filtering import distribution, filter_dataset
 
-    env = dist.env_from_environ()
-    device = resolve_device(cfg.device, local_rank=env.local_rank if env.world_size > 1 else None)
-    dist.init_distributed(device.type)
-    try:
-        result = filter_dataset(cfg, device=device, rank=env.rank, world_size=env.world_size)
-    finally:
-        dist.destroy()
-    if env.rank != 0:
+    with dist.session(cfg.device) as this_process:
+        result = filter_dataset(
+            cfg,
+            device=this_process.device,
+            rank=this_process.rank,
+            world_size=this_process.world_size,
+        )
+    if not this_process.is_main:
         return 0
     print(f"dual conditional cross-entropy of {len(result.scores)} pairs (lower is better):")
     print(distribution(result.scores))

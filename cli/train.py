@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable
-
-import torch
 
 from nmt.command import (
     ArgumentParser,
@@ -75,10 +71,7 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
         logging=section(LoggingConfig, "logging"),
         run=section(RunConfig, "run"),
     )
-    explicit = config_values(ModelConfig, args, dest_prefix="model.")
-    pretrained = _pretrained_model_config(train_cfg, explicit)
-    if pretrained is not None:
-        return train_cfg, pretrained
+    explicit = model_flags(args)
     if not manifest.spm.joint:
         if explicit.get("share_all_embeddings"):
             raise ValueError(
@@ -98,95 +91,9 @@ def make_configs(args: argparse.Namespace, manifest: Manifest) -> tuple[TrainCon
     return train_cfg, model_cfg
 
 
-def _pretrained_model_config(
-    train_cfg: TrainConfig, explicit: dict[str, object]
-) -> ModelConfig | None:
-    """The model of a new run from a weights-only --restore-file (nmt-import's checkpoint, an average)
-    is that checkpoint's: --arch does not apply, and of the model flags only the dropouts and the
-    attention kernel may change. None when the run starts otherwise."""
-    from nmt.checkpoint_io import LAST, load_model_checkpoint
-    from nmt.config import from_dict
-    from nmt.train.checkpoint import MODEL_OPTIONS_FREE_TO_CHANGE
-
-    restore = train_cfg.checkpoint.restore_file
-    if not restore or os.path.isfile(os.path.join(train_cfg.checkpoint.save_dir, LAST)):
-        return None
-    state = load_model_checkpoint(restore)
-    if "optimizer" in state:  # a run's checkpoint: resumed as such, under the identity check
-        return None
-    fixed = sorted(set(explicit) - set(MODEL_OPTIONS_FREE_TO_CHANGE))
-    if fixed:
-        raise ValueError(
-            f"--{fixed[0].replace('_', '-')}: the model is {restore}'s (weights only, so its shape is "
-            "fixed); only the dropouts and --attention may be given"
-        )
-    saved = from_dict(ModelConfig, state["model_config"])
-    return dataclasses.replace(saved, **explicit)
-
-
-def make_bleu_validator(
-    manifest: Manifest,
-    split: str,
-    *,
-    search: dict[str, object],
-    print_samples: bool = False,
-    lang_tok: str = "encoder",
-) -> Callable[[torch.nn.Module, torch.device], float | dict[str, float]]:
-    """--eval-bleu: decode the validation split (batched, greedy or small beam) and score it with
-    sacreBLEU; on a multilingual dataset every direction's, scored apart (a dict by direction).
-    Built here because nmt.train must not import nmt.eval; the trainer only sees the callback.
-    """
-    from nmt.config import EvalConfig
-    from nmt.data import SentencePieceModel
-    from nmt.eval.translate import Translator, load_split, read_references
-    from nmt.languages import Pair
-
-    data_dir = manifest.directory
-    src_spm = SentencePieceModel.load(manifest.path(manifest.spm.src_model))
-    tgt_spm = SentencePieceModel.load(manifest.path(manifest.spm.tgt_model))
-    languages = manifest.languages(lang_tok)
-    splits = manifest.direction_splits(split)
-    sets = {}
-    for pair, name in splits.items():
-        split_data = load_split(data_dir, name, src_spm=src_spm, manifest=manifest)
-        if split_data.reference_path is None:
-            raise ValueError(
-                f"--eval-bleu: the manifest of {data_dir} names no raw reference text for split {name!r}"
-            )
-        references = read_references(
-            split_data.reference_path, line_numbers=split_data.line_numbers
-        )
-        sets[pair] = (split_data, references)
-
-    def validate(model: torch.nn.Module, device: torch.device) -> float | dict[str, float]:
-        translator = Translator(
-            model,
-            src_spm=src_spm,
-            tgt_spm=tgt_spm,
-            config=EvalConfig(**search),
-            languages=languages,
-        )
-        scores = {}
-        for pair, (split_data, references) in sets.items():
-            wanted = Pair.parse(pair, codes=False)
-            direction = translator.direction(wanted.source, wanted.target)
-            sources = direction.prefixed(split_data.sources)
-            found = translator.generate(
-                sources, first_tokens=translator.first_tokens(direction, len(sources))
-            )
-            hypotheses = [nbest[0].text for nbest in translator.detokenize(found)]
-            if print_samples:
-                for hypothesis, reference in list(zip(hypotheses, references))[:3]:
-                    logging.getLogger("nmt.train").info(
-                        "example hypothesis%s: %s\nexample reference: %s",
-                        f" ({pair})" if len(sets) > 1 else "",
-                        hypothesis,
-                        reference,
-                    )
-            scores[pair] = translator.score(hypotheses, references)[0].score
-        return scores
-
-    return validate
+def model_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The model options typed on the command line (over the --arch preset)."""
+    return config_values(ModelConfig, args, dest_prefix="model.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     log_all = rank == 0 or vars(args)["logging.log_all_ranks"]
     log_to_stderr(logging.INFO if log_all else logging.WARNING, rank=rank)
     # After logging is set up: these imports are the slow part.
+    from nmt.dist import session
+    from nmt.eval.evaluate import make_bleu_validator
     from nmt.train.difficulty import checkpoint_scorer
-    from nmt.train.parallel import session
     from nmt.train.trainer import Trainer
     from nmt.workers import stop_on_signals
 
@@ -220,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                 print_samples=train_cfg.checkpoint.eval_bleu_print_samples,
                 lang_tok=train_cfg.data.lang_tok,
             )
-        with session(train_cfg.run.device, train_cfg.run.distributed_backend) as this_process:
+        with session(
+            train_cfg.run.device, backend_choice=train_cfg.run.distributed_backend
+        ) as this_process:
             scorer = None
             curriculum = train_cfg.data.curriculum_spec
             if curriculum is not None and curriculum.kind == "model":
@@ -236,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 session=this_process,
                 bleu_validator=bleu_validator,
                 scorer=scorer,
+                model_flags=model_flags(args),
             ).train()
         return 0
 

@@ -1,4 +1,5 @@
-"""Rank and world size from torchrun's environment, and collectives that are no-ops on one rank.
+"""Rank and world size from torchrun's environment, the one process session every command runs in
+(``session``), and collectives that are no-ops on one rank.
 
 This is the only module (with ``nmt.train.parallel``) that calls ``torch.distributed`` directly,
 so the rest of the library can be run and tested in one process without a process group.
@@ -6,13 +7,17 @@ so the rest of the library can be run and tested in one process without a proces
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as torch_dist
+
+from nmt.device import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,37 @@ def env_from_environ(environ: dict[str, str] | None = None) -> DistEnv:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"invalid torchrun environment: RANK={rank} WORLD_SIZE={world_size}")
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+@dataclass(frozen=True)
+class Session:
+    """Where this process runs: its rank among ``world_size`` and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@contextlib.contextmanager
+def session(
+    device: str = "cpu", *, backend_choice: str = "auto", timeout_minutes: float = 30.0
+) -> Iterator[Session]:
+    """This process's place in the run, for every command (train, eval, filter, generation, sharded
+    preprocessing): its device (``--device``; under torchrun ``cuda`` is this rank's GPU), then
+    torchrun's process group joined (``init_distributed``; nothing for one process), left at the
+    end whatever happens."""
+    env = env_from_environ()
+    # Before the group: NCCL binds to the current device.
+    resolved = resolve_device(device, local_rank=env.local_rank if env.world_size > 1 else None)
+    init_distributed(resolved.type, backend_choice=backend_choice, timeout_minutes=timeout_minutes)
+    try:
+        yield Session(env.rank, env.world_size, resolved)
+    finally:
+        destroy()
 
 
 def is_initialized() -> bool:

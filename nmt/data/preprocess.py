@@ -993,9 +993,7 @@ def _preprocess_shard(
 ) -> tuple[Manifest, list[SplitStats]]:
     from nmt import dist
 
-    if shard.torchrun:
-        dist.init_distributed("cpu", timeout_minutes=VOCABULARY_WAIT_MINUTES)
-    try:
+    with dist.session("cpu", timeout_minutes=VOCABULARY_WAIT_MINUTES):
         check_apart([("--destdir", destdir)], input_files(cfg))
         try:
             # Marked as ours only when new (or empty): --overwrite may then replace it whole later.
@@ -1028,9 +1026,6 @@ def _preprocess_shard(
             if shard.torchrun:
                 dist.barrier()  # every rank returns once the whole dataset is there
         return complete or manifest, stats
-    finally:
-        if shard.torchrun:
-            dist.destroy()
 
 
 @contextlib.contextmanager

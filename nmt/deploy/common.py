@@ -11,36 +11,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from nmt.checkpoint_io import atomic_torch_save, load_averaged_checkpoint, tensor_to_bytes
-from nmt.config import ModelConfig, from_dict, option_name
 from nmt.data.spm import SPECIAL_IDS, SentencePieceModel
 from nmt.fileio import Destination, check_destination, install_directory
-from nmt.model import TransformerModel, build_model
-
-
-def unsupported_options(model_config: dict[str, Any]) -> list[str]:
-    """Options in a checkpoint's model config that this nmt does not know (a newer model)."""
-    known = {field.name for field in dataclasses.fields(ModelConfig)}
-    return sorted(set(model_config) - known)
-
-
-def load_model(state: dict[str, Any], *, name: str, target: str) -> TransformerModel:
-    """A checkpoint state -> the eval-mode model; unknown model options are an error here (not
-    ignored). ``target`` names the export in that error."""
-    unknown = unsupported_options(state["model_config"])
-    if unknown:
-        raise ValueError(
-            f"{name}: model option {option_name(unknown[0])} is not supported by {target}"
-        )
-    model = build_model(
-        dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
-    )
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})"
-        ) from None
-    return model.eval()
+from nmt.model import TransformerModel, load_model
 
 
 @dataclasses.dataclass

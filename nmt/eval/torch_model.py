@@ -6,10 +6,8 @@ model (``nmt.eval.ct2_model``) translates without importing torch at all.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -20,14 +18,14 @@ from nmt.checkpoint_io import (
     same_vocab,
     tensor_to_bytes,
 )
-from nmt.config import EvalConfig, ModelConfig, from_dict
+from nmt.config import EvalConfig
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, SentencePieceModel
 from nmt.device import resolve_device
 from nmt.eval.ensemble import Ensemble
 from nmt.eval.hypothesis import Hypothesis
 from nmt.eval.search import generate
 from nmt.languages import Languages
-from nmt.model import TransformerModel, build_model
+from nmt.model import TransformerModel, load_model
 
 logger = logging.getLogger("nmt.eval")
 
@@ -82,8 +80,7 @@ def load_models(
             f"{first_path}: special ids {vocab.get('special_ids')} differ from the toolkit's {SPECIAL_IDS}"
         )
     models = [
-        _build_model(state, name=name).to(device=device, dtype=dtype)
-        for name, state in named_states
+        load_model(state, name=name).to(device=device, dtype=dtype) for name, state in named_states
     ]
     src_spm = SentencePieceModel(
         tensor_to_bytes(vocab["src_spm"]), name=f"{first_path} (source SentencePiece model)"
@@ -172,17 +169,3 @@ class TorchModels:
             tokens[row, : length - 1] = source[: length - 1]
             tokens[row, length - 1] = EOS_ID
         return torch.from_numpy(tokens).to(self.device), torch.from_numpy(lengths).to(self.device)
-
-
-def _build_model(state: dict[str, Any], *, name: str) -> TransformerModel:
-    # Incremental decoding runs on the padded layout; let the device pick its backend (a model
-    # trained with --attention varlen or xformers on GPU must still decode on a CPU).
-    model_cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
-    model = build_model(model_cfg)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as error:
-        raise ValueError(
-            f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})"
-        ) from None
-    return model

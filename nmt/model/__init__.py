@@ -6,7 +6,13 @@ See :mod:`nmt.model.transformer` for the layouts and the incremental-decoding AP
 """
 
 from nmt.model.attention import AttentionMask, Packing, resolve_backend, unpack
-from nmt.model.transformer import DecoderState, EncoderOut, TransformerModel, build_model
+from nmt.model.transformer import (
+    DecoderState,
+    EncoderOut,
+    TransformerModel,
+    build_model,
+    load_model,
+)
 
 __all__ = [
     "AttentionMask",
@@ -15,6 +21,7 @@ __all__ = [
     "Packing",
     "TransformerModel",
     "build_model",
+    "load_model",
     "resolve_backend",
     "unpack",
 ]

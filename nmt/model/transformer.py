@@ -33,15 +33,17 @@ decoding step appends the last decoder layer's head-averaged cross-attention (B,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, from_dict, option_name
 from nmt.model.attention import (
     AttentionMask,
     Packing,
@@ -703,3 +705,27 @@ class TransformerModel(nn.Module):
 def build_model(cfg: ModelConfig) -> TransformerModel:
     """The model for ``cfg`` (weights initialised as fairseq does)."""
     return TransformerModel(cfg)
+
+
+def load_model(state: dict[str, Any], *, name: str, target: str = "this nmt") -> TransformerModel:
+    """The model a checkpoint's ``state`` holds (its ``model_config`` and ``model`` weights), on the
+    CPU in eval mode, for every reader of checkpoints (decoding, export, scoring). Its attention
+    backend is the device's choice: decoding runs on the padded layout, and a model trained with
+    --attention varlen or xformers on a GPU must still decode on a CPU. A model option this nmt
+    does not know (a newer model's) is refused, naming ``target`` (an export format), rather than
+    ignored; ``name`` (the checkpoint) is named in each error."""
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(state["model_config"]) - known)
+    if unknown:
+        raise ValueError(
+            f"{name}: model option {option_name(unknown[0])} is not supported by {target}"
+        )
+    cfg = dataclasses.replace(from_dict(ModelConfig, state["model_config"]), attention="auto")
+    model = build_model(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise ValueError(
+            f"{name}: weights do not match the checkpoint's model config ({str(error).splitlines()[0]})"
+        ) from None
+    return model.eval()

@@ -29,7 +29,6 @@ from nmt.checkpoint_io import (
     VERSION,
     atomic_torch_save,
     bytes_to_tensor,
-    load_checkpoint,
     numbered_checkpoints,
     numbered_name,
 )
@@ -348,15 +347,6 @@ class Checkpointer:
         for path in sorted(stale):
             os.remove(path)
         return sorted(stale)
-
-    def load_last(self) -> tuple[str, dict[str, Any]] | None:
-        """(path, state) to resume from: the run's own checkpoint_last.pt, else --restore-file."""
-        path = os.path.join(self.cfg.save_dir, LAST)
-        if os.path.isfile(path):
-            return path, load_checkpoint(path)
-        if self.cfg.restore_file:
-            return self.cfg.restore_file, load_checkpoint(self.cfg.restore_file)
-        return None
 
 
 def _link_atomically(source: str, target: str, state: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ so no score depends on the rank that computed it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,14 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from nmt.checkpoint_io import load_checkpoint, tensor_to_bytes
-from nmt.config import ModelConfig, from_dict
 from nmt.data.batching import greedy_offsets
 from nmt.data.collate import Sample, collate
 from nmt.data.difficulty import DifficultyScorer
 from nmt.data.manifest import Manifest
 from nmt.data.plan import truncate
 from nmt.data.spm import BOS_ID, PAD_ID
-from nmt.model import build_model
+from nmt.model import load_model
 
 SCORE_BATCH_TOKENS = 8192  # padded tokens per scoring batch
 
@@ -61,13 +59,8 @@ def checkpoint_scorer(
                 raise ValueError(
                     f"{option}: the checkpoint's vocabulary is not {manifest.path(name)}; score with a model of this dataset"
                 )
-    model_cfg = dataclasses.replace(
-        from_dict(ModelConfig, state["model_config"]), attention="auto", dropout=0.0
-    )
-    model = build_model(model_cfg)
-    model.load_state_dict(state["model"])
-    model.to(device).eval()
-    limits = (model_cfg.max_source_positions, model_cfg.max_target_positions)
+    model = load_model(state, name=option).to(device)
+    limits = (model.cfg.max_source_positions, model.cfg.max_target_positions)
 
     @torch.no_grad()
     def score(samples: Sequence[Sample]) -> np.ndarray:
