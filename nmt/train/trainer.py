@@ -36,7 +36,8 @@ from nmt.train.checkpoint import (
 )
 from nmt.train.compile import CompiledModel, compile_for_shapes
 from nmt.train.metrics import MetricsLog
-from nmt.train.parallel import Session, wrap_data_parallel
+from nmt.train.parallel import wrap_data_parallel
+from nmt.train.start import RunStart, run_start
 from nmt.train.step import UpdateStep
 from nmt.train.stopping import (
     AGREEMENT_SECONDS,
@@ -64,16 +65,21 @@ class Trainer:
         model_cfg: ModelConfig,
         *,
         manifest: Manifest | None = None,
-        session: Session | None = None,
+        session: dist.Session | None = None,
         bleu_validator: BleuValidator | None = None,
         scorer: DifficultyScorer | None = None,
+        model_flags: dict[str, Any] | None = None,
     ) -> None:
         """``manifest``: the dataset's, when the caller has read it already. ``session``: this
-        process's rank and device (``nmt.train.parallel.session``); one CPU or CUDA process by
-        default. ``scorer``: scores training pairs for ``--curriculum model:``."""
-        self.cfg, self.model_cfg = cfg, model_cfg
-        self.session = session or Session(device=resolve_device(cfg.run.device, local_rank=0))
+        process's rank and device (``nmt.dist.session``); one CPU or CUDA process by
+        default. ``scorer``: scores training pairs for ``--curriculum model:``. ``model_flags``:
+        the model options given over the preset (all that may change a weights-only start's model)."""
+        self.cfg = cfg
+        self.session = session or dist.Session(device=resolve_device(cfg.run.device, local_rank=0))
         device, is_main = self.session.device, self.session.is_main
+        # Before the lock makes the save dir: a --restore-file that cannot be read leaves nothing.
+        self.start: RunStart | None = run_start(cfg.checkpoint)
+        self.model_cfg = model_cfg = self.start.model_config(model_cfg, model_flags or {})
         self.lock = lock_save_dir(cfg.checkpoint.save_dir, is_main=is_main)
         self.plan = TrainingDataPlan(
             cfg.data,
@@ -293,11 +299,11 @@ class Trainer:
         """Continue from checkpoint_last.pt (or start from --restore-file): what differs from the
         checkpoint's run is refused, one line per item, unless a --reset-* flag accepts it."""
         self.checkpoints.remove_stale_temporaries()
-        found = self.checkpoints.load_last()
-        if found is None:
+        start, self.start = self.start, None  # its state (weights, optimizer) is not kept beyond
+        if start is None or start.state is None:
             return
-        path, state = found
-        if "optimizer" not in state:  # weights only (an import, an average): a new run from them
+        path, state = start.path, start.state
+        if not start.resumes:  # weights only (an import, an average): a new run from them
             if not same_vocab(state["vocab"], self.vocab):
                 raise ValueError(
                     f"{path}: its vocabulary is not the dataset's; make the dataset with its "
