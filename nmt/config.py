@@ -1252,6 +1252,19 @@ class EvalIOConfig:
         "source then its constraints, tab-separated; every output contains them (ordered: in that order)",
         choices=("ordered", "unordered"),
     )
+    glossary: str | None = opt(
+        None,
+        "TSV file, one 'source term<TAB>target term' per line: the target term of each source term "
+        "found in a line (whole words, case-sensitive) is applied as --glossary-mode says",
+        path="read",
+    )
+    glossary_mode: str = opt(
+        "annotate",
+        "annotate: the target term goes after the <term> tag in the source (a model trained with "
+        "--term-annotation-rate follows it; any decoder, CTranslate2 too); constrain: a lexical "
+        "constraint of the beam search (PyTorch checkpoints); both",
+        choices=GLOSSARY_MODES,
+    )
     reference: str | None = opt(
         None,
         "raw reference text to score against (overrides the split's own); as many lines as the source",
@@ -1516,8 +1529,8 @@ class ServeConfig:
     )
     glossary: list[str] = opt(
         default_factory=list,
-        help="NAME=FILE: a glossary (TSV, one 'source term<TAB>target term' per line) that requests "
-        'name as {"glossary": "NAME"}; comma-separate or repeat for several',
+        help="a glossary (TSV, one 'source term<TAB>target term' per line) that requests name as "
+        '{"glossary": "NAME"}; comma-separate or repeat for several',
         metavar="NAME=FILE",
     )
 

@@ -24,6 +24,7 @@ import numpy as np
 from nmt.config import EvalConfig, EvalIOConfig
 from nmt.data.manifest import Manifest, load_manifest
 from nmt.data.spm import SentencePieceModel
+from nmt.data.terminology import Glossary
 from nmt.data.text import count_lines, open_binary
 from nmt.eval.constraint_input import split_line
 from nmt.eval.hypothesis import LengthLimitError
@@ -298,6 +299,8 @@ def open_job(
         1 if from_stdin and sys.stdin.isatty() else DEFAULT_BUFFER_SIZE
     )
 
+    glossary = None if io.glossary is None else Glossary.read(io.glossary)
+
     def chunks() -> Iterator[Chunk]:
         with contextlib.ExitStack() as stack:
             handle, name = (
@@ -311,17 +314,21 @@ def open_job(
                     raise ValueError(
                         f"{io.reference}: the reference has {len(references)} lines but {name} has more"
                     )
-                if io.constraints is None:
-                    yield Chunk(start, translator.encode(lines, direction=direction))
-                else:
-                    sources, phrases = zip(*map(split_line, lines))
-                    yield Chunk(
-                        start,
-                        translator.encode(sources, direction=direction),
-                        translator.encode_constraints(
-                            phrases, where=lambda index, first=start + 1: f"{name}:{first + index}"
-                        ),
+                texts, phrases = lines, None
+                if io.constraints is not None:
+                    texts, lists = zip(*map(split_line, lines))
+                    phrases = translator.encode_constraints(
+                        lists, where=lambda index, first=start + 1: f"{name}:{first + index}"
                     )
+                sources = translator.encode(texts, direction=direction)
+                if glossary is not None:
+                    sources, phrases = translator.apply_terms(
+                        sources,
+                        [glossary.matches(text) for text in texts],
+                        mode=io.glossary_mode,
+                        constraints=phrases,
+                    )
+                yield Chunk(start, sources, phrases)
                 start += len(lines)
 
     return Job(
@@ -387,12 +394,19 @@ def evaluate(io: EvalIOConfig, cfg: EvalConfig) -> int:
             "--constraints: they follow each source line after a tab, so give --input text (or "
             "stdin), not DATA_DIR"
         )
+    if io.glossary is not None and io.data_dir is not None:
+        raise ValueError(
+            "--glossary: its terms are found in the text of each line, so give --input text (or "
+            "stdin), not DATA_DIR"
+        )
     if io.output_dataset is not None:
         return generate(io, cfg)
     paths = checkpoint_paths(io)
     translator = load_translator(io, cfg, paths)
     if io.format == "fairseq" or io.score_reference:
         translator.require_forced_decoding()  # before any decoding, not after the whole input
+    if io.glossary is not None:
+        translator.check_glossary_mode(io.glossary_mode, option="--glossary-mode")
     if io.constraints is not None:
         if io.score_reference:
             raise ValueError("--constraints: nothing is searched with --score-reference")

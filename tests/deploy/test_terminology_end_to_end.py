@@ -4,6 +4,8 @@ checkpoint and with its CTranslate2 export, the annotated source reaching each d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nmt.data import plan as plan_module
@@ -148,4 +150,34 @@ def test_a_glossary_mode_the_model_cannot_apply_is_one_line(trained, monkeypatch
     assert "\n" not in str(error.value)
     assert "hund" in translator.translate(
         "a dog", glossary={"dog": "hund"}, glossary_mode="constrain"
+    )
+
+
+def test_nmt_eval_applies_a_glossary_file(trained, tmp_path, capsys) -> None:
+    from nmt_cli.eval import main
+
+    (tmp_path / "in.en").write_text("a red dog\nthe cat\n", encoding="utf-8")
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("dog\tkatzekatze\n", encoding="utf-8")
+    common = ["--path", trained[0], "--input", str(tmp_path / "in.en"), "--glossary", str(glossary)]
+    out = str(tmp_path / "out.de")
+    assert main([*common, "--glossary-mode", "both", "--output", out]) == 0
+    first, second = open(out, encoding="utf-8").read().split("\n")[:2]
+    assert "katzekatze" in first and "katzekatze" not in second
+    capsys.readouterr()
+    glossary.write_text("dog\tHund\ncat Katze\n", encoding="utf-8")
+    assert main(common) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"nmt-eval: error: {glossary}:2: expected 'source term<TAB>target term', got 1 "
+        "tab-separated fields"
+    )
+    data_dir = str(Path(trained[0]).parent.parent / "data")
+    assert main(["--path", trained[0], data_dir, "--glossary", str(glossary)]) == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith(
+            "nmt-eval: error: --glossary: its terms are found in the text of each line, so give --input"
+        )
     )
