@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README's first command: set up, then the Multi30k en-de recipe (examples/multi30k/run.sh):
+# README's first command: set up, then the Multi30k en-de recipe (examples/multi30k/run.py):
 # preprocess, train with nmt-train's defaults for MINUTES (default 12) of wall clock, average the
 # last checkpoints from 20 minutes on, translate test2016 with beam 5 and print sacreBLEU/chrF. Outputs: runs/multi30k/
 # Running it again resumes (and, once the budget is spent, only evaluates).
@@ -13,4 +13,4 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e ".[tensorboard,plot]"   # TensorBoard logs, nmt-plot
 . .venv/bin/activate
 
-bash examples/multi30k/run.sh --minutes "$MINUTES" --out runs/multi30k
+python examples/multi30k/run.py --minutes "$MINUTES" --out runs/multi30k
