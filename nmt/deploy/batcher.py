@@ -17,6 +17,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -221,13 +222,13 @@ class DynamicBatcher:
     ) -> tuple[list[list[str]], int]:
         """On the decode thread: the ``nbest`` best translations per source, and the target
         tokens of the best ones (EOS counted)."""
-        options = (
+        options: dict[str, Any] = (
             {} if nbest == 1 else {"nbest": nbest, "beam": max(nbest, self.translator.config.beam)}
         )
+        if constraints is not None:  # else the plain search, as before glossaries
+            options["constraints"] = constraints
         nbests = self.translator.detokenize(
-            self.translator.generate(
-                sources, first_tokens=first_tokens, constraints=constraints, **options
-            )
+            self.translator.generate(sources, first_tokens=first_tokens, **options)
         )
         return [[t.text for t in found] for found in nbests], sum(
             len(found[0].tokens) + 1 for found in nbests
