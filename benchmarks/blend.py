@@ -40,6 +40,7 @@ from nmt.data.blend import (
     normalize_weights,
     weights_from_temperature,
 )
+from nmt.results import write_results
 
 MODES = ("ours", "rank-half", "simple")
 
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--corpora", type=int, default=1000)
     parser.add_argument("--modes", default=",".join(MODES), help=f"any of {', '.join(MODES)}")
     parser.add_argument("--reference-samples", default="200K", help="0: skip the greedy loop")
+    parser.add_argument("--results", help="also write the table as a results file (nmt.results)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-samples", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -129,6 +131,7 @@ def main() -> None:
         f"{'wall / ours':>12} {'CPU / ours':>11}"
     )
     modes = args.modes.split(",")
+    rows = []
     for num_samples in map(parse_count, args.samples.split(",")):
         ours = None
         for mode in modes:
@@ -151,6 +154,14 @@ def main() -> None:
                 f"{result['cpu'] / ours['cpu']:>10.2f}x",
                 flush=True,
             )
+            rows.append(
+                [f"{num_samples:,}", mode, f"{result['seconds']:.2f}", f"{result['cpu']:.2f}"]
+                + [f"{result['peak'] / 1e9:.2f}", f"{result['seconds'] / ours['seconds']:.2f}x"]
+                + [f"{result['cpu'] / ours['cpu']:.2f}x"]
+            )
+    if args.results:
+        columns = ["samples", "case", "wall s", "CPU s", "peak GB", "wall / ours", "CPU / ours"]
+        write_results(args.results, figures={"table": {"columns": columns, "rows": rows}})
 
     num_samples = parse_count(args.reference_samples)
     if not num_samples:

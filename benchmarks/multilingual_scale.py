@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from nmt.results import write_results
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 REAL = ("en", "de", "fr", "cs")
 
@@ -123,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--directions", default="10,30,100", help="comma-separated counts")
     parser.add_argument("--lines", type=int, default=29_000, help="lines per language (<= 29,000)")
+    parser.add_argument("--results", help="also write the table as a results file (nmt.results)")
     args = parser.parse_args()
     counts = [int(count) for count in args.directions.split(",")]
     # Warm the page cache with torch's and nmt's imports: the first case must not pay for a cold disk.
@@ -144,13 +147,25 @@ def main() -> None:
         "length arrays (MB) | RSS - length arrays (MB) | vs first row |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = []
     for row in rows:
         rest = row["peak_rss_mb"] - row["length_arrays_mb"]
         base_rest = base["peak_rss_mb"] - base["length_arrays_mb"]
-        print(
-            f"| {row['directions']} | {row['languages']} | {row['samples']:,} | "
-            f"{row['first_update_s']:.1f} | {row['peak_rss_mb']:.0f} | {row['length_arrays_mb']:.0f} | "
-            f"{rest:.0f} | {rest / base_rest:.2f}x |"
+        table.append(
+            [row["directions"], row["languages"], f"{row['samples']:,}"]
+            + [f"{row['first_update_s']:.1f}", f"{row['peak_rss_mb']:.0f}"]
+            + [f"{row['length_arrays_mb']:.0f}", f"{rest:.0f}", f"{rest / base_rest:.2f}x"]
+        )
+        print("| " + " | ".join(map(str, table[-1])) + " |")
+    if args.results:
+        columns = ["directions", "languages", "samples", "start -> first update (s)"]
+        columns += ["peak RSS (MB)", "length arrays (MB)", "RSS - length arrays (MB)"]
+        write_results(
+            args.results,
+            figures={
+                "cases": rows,
+                "table": {"columns": columns + ["vs first row"], "rows": table},
+            },
         )
 
 
