@@ -49,6 +49,8 @@ FORBIDDEN = {
         "nmt_cli",
         "torch",
     ),
+    # The recipes' step runner sits on the library (data, eval, checkpoints), below the commands.
+    "nmt/recipe.py": ("nmt.deploy", "nmt_cli"),
     "nmt/lazy.py": STDLIB_ONLY,
     "nmt/languages.py": STDLIB_ONLY,  # the ground floor of languages, below nmt.config
     "nmt/workers.py": STDLIB_ONLY,
