@@ -18,6 +18,7 @@ joint (one SentencePiece model for both sides, nmt-preprocess's default).
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,10 +30,14 @@ from nmt.data.manifest import Manifest
 from nmt.data.spm import EOS_ID, TERM_TAG, SentencePieceModel
 from nmt.data.text import read_raw_lines
 
-MAX_ADDED_TOKENS = 16  # tokens one training annotation adds at most, tags included
 MAX_TRAINING_TERMS = 2  # phrases per annotated training sample: 1 or 2
 MAX_PHRASE_WORDS = 3
+# Pieces of one training phrase at most: the room batching counts per phrase (1 + this), so a
+# tight cap keeps the length bound close to what is drawn (1-3 words rarely take more).
+MAX_PHRASE_PIECES = 5
+MAX_ADDED_TOKENS = MAX_TRAINING_TERMS * (1 + MAX_PHRASE_PIECES)  # tags included
 _SALT = 0x7465726D  # "term": this module's draws apart from every other use of (seed, epoch)
+_MASK = (1 << 64) - 1
 
 
 def word_starts(spm: SentencePieceModel) -> np.ndarray:
@@ -51,29 +56,40 @@ def append_terms(source: np.ndarray, terms: Sequence[Sequence[int]], *, tag: int
     """``source`` (ids, EOS last) with ``tag`` + each term's ids inserted before its EOS."""
     if not terms:
         return source
-    added = [piece for term in terms for piece in (tag, *term)]
-    return np.concatenate([source[:-1], np.asarray(added, dtype=source.dtype), source[-1:]])
+    tag_ids = np.array([tag], dtype=source.dtype)
+    parts = [source[:-1]]
+    for term in terms:
+        parts += [tag_ids, np.asarray(term, dtype=source.dtype)]
+    return np.concatenate([*parts, source[-1:]])
 
 
 def draw_phrases(
-    target: np.ndarray, word_start: np.ndarray, rng: np.random.Generator, *, room: int
+    target: np.ndarray, word_start: np.ndarray, rng: random.Random, *, wanted: int, room: int
 ) -> list[np.ndarray]:
-    """1-2 non-overlapping phrases of ``target`` (ids, EOS last), each 1-3 whole words, whose ids
-    plus one tag each fit in ``room`` tokens; fewer (or none) when the target has no such words."""
+    """Up to ``wanted`` non-overlapping phrases of ``target`` (ids, EOS last), each 1-3 whole words
+    of at most ``MAX_PHRASE_PIECES`` pieces, whose ids plus one tag each fit in ``room`` tokens;
+    fewer (or none) when the target has no such words."""
     body = target[:-1] if target.shape[0] and target[-1] == EOS_ID else target
-    starts = np.flatnonzero(word_start[body])
-    if starts.size == 0:
+    starts = np.flatnonzero(word_start[body]).tolist()
+    if not starts:
         return []
-    ends = np.append(starts[1:], body.shape[0])  # word w is body[starts[w]:ends[w]]
-    wanted = int(rng.integers(1, MAX_TRAINING_TERMS + 1))
-    taken = np.zeros(body.shape[0], dtype=bool)
+    ends = [*starts[1:], body.shape[0]]  # word w is body[starts[w]:ends[w]]
+    order = list(range(len(starts)))
+    rng.shuffle(order)
+    taken: list[tuple[int, int]] = []
     phrases: list[np.ndarray] = []
-    for first in rng.permutation(starts.size):
-        last = min(first + int(rng.integers(1, MAX_PHRASE_WORDS + 1)), starts.size) - 1
-        begin, end = int(starts[first]), int(ends[last])
-        if end - begin + 1 > room or taken[begin:end].any():
+    for first in order:
+        last = min(first + rng.randint(1, MAX_PHRASE_WORDS), len(starts)) - 1
+        while last > first and ends[last] - starts[first] > MAX_PHRASE_PIECES:
+            last -= 1  # fewer words rather than none
+        begin, end = starts[first], ends[last]
+        if (
+            end - begin > MAX_PHRASE_PIECES
+            or end - begin + 1 > room
+            or any(begin < b_end and b_begin < end for b_begin, b_end in taken)
+        ):
             continue
-        taken[begin:end] = True
+        taken.append((begin, end))
         phrases.append(body[begin:end])
         room -= end - begin + 1
         if len(phrases) == wanted:
@@ -129,9 +145,10 @@ class TermAnnotatedCorpus:
     """One epoch of a dataset whose chosen samples carry 1-2 of their reference's phrases.
 
     Source lengths are upper bounds: batching reads lengths, not tokens, and a phrase is only
-    known once the target is read. A chosen sample may add ``min(16, target length + 1,
-    max_source_len - source length)`` tokens (2 tags and at most the target's pieces); the
-    annotation drawn always fits in that room, so no batch exceeds its budget.
+    known once the target is read. A chosen sample wanting k phrases (drawn here, from lengths
+    alone) may add ``min(k (1 + MAX_PHRASE_PIECES), target length - 1 + k, max_source_len - source
+    length)`` tokens; the annotation drawn always fits in that room, so no batch exceeds its
+    budget. Per sample, the draws come from (seed, epoch, sample) alone.
     """
 
     def __init__(
@@ -148,8 +165,11 @@ class TermAnnotatedCorpus:
         self.seed, self.epoch = seed, epoch
         src = np.asarray(corpus.src_lengths, dtype=np.int64)
         tgt = np.asarray(corpus.tgt_lengths, dtype=np.int64)
-        chosen = np.random.default_rng([seed, epoch, _SALT]).random(len(corpus)) < annotation.rate
-        room = np.minimum(MAX_ADDED_TOKENS, tgt + 1)
+        draws = np.random.default_rng([seed, epoch, _SALT]).random(len(corpus))
+        chosen = draws < annotation.rate
+        # Half of the chosen samples want 2 phrases: the same draw decides, no second array.
+        self.wanted = np.where(draws < annotation.rate / 2, 2, 1).astype(np.int8)  # (N,)
+        room = np.minimum(self.wanted * (1 + MAX_PHRASE_PIECES), tgt - 1 + self.wanted)
         if max_source_len is not None:
             room = np.minimum(room, max_source_len - src)
         self.room = np.where(chosen & (room >= 2), room, 0)  # (N,) tokens sample i may gain
@@ -164,8 +184,13 @@ class TermAnnotatedCorpus:
         room = int(self.room[index])
         if room == 0:
             return src, tgt
-        rng = np.random.default_rng([self.seed, self.epoch, index, _SALT])
-        phrases = draw_phrases(tgt, self.annotation.word_start, rng, room=room)
+        # Python's generator: seeded in microseconds (numpy's takes ~100 us), the same everywhere.
+        rng = random.Random(
+            (_SALT << 192) | ((self.seed & _MASK) << 128) | ((self.epoch & _MASK) << 64) | index
+        )
+        phrases = draw_phrases(
+            tgt, self.annotation.word_start, rng, wanted=int(self.wanted[index]), room=room
+        )
         return append_terms(src, phrases, tag=self.annotation.tag), tgt
 
 

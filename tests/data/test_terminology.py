@@ -1,6 +1,8 @@
 """Terminology: training annotation on ids (deterministic, world-size invariant, within budget)
 and glossaries matched on text."""
 
+import random
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from nmt.data.plan import TrainingDataPlan
 from nmt.data.spm import EOS_ID, TERM_TAG, SentencePieceModel, reserved_tags
 from nmt.data.terminology import (
     MAX_ADDED_TOKENS,
+    MAX_PHRASE_PIECES,
     Glossary,
     append_terms,
     draw_phrases,
@@ -96,9 +99,11 @@ def test_drawn_phrases_are_whole_words_of_the_reference_within_the_room(tiny_dat
     counts = set()
     for seed in range(200):
         room = 4 + seed % 13
-        phrases = draw_phrases(target, starts, np.random.default_rng(seed), room=room)
+        wanted = 1 + seed % 2
+        phrases = draw_phrases(target, starts, random.Random(seed), wanted=wanted, room=room)
         counts.add(len(phrases))
-        assert sum(len(p) + 1 for p in phrases) <= room
+        assert len(phrases) <= wanted and sum(len(p) + 1 for p in phrases) <= room
+        assert all(len(phrase) <= MAX_PHRASE_PIECES for phrase in phrases)
         positions = []
         for phrase in phrases:
             assert starts[phrase[0]], "a phrase begins a word"
