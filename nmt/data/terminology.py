@@ -213,6 +213,12 @@ class Glossary:
     a glossary lists each casing it means). Where terms overlap, the longest wins."""
 
     def __init__(self, entries: Mapping[str, str], *, name: str = "glossary") -> None:
+        """ValueError (one line naming ``name`` and the entry) for an entry no sentence should
+        match: an empty term would be found between any two characters."""
+        for source, target in entries.items():
+            problem = term_problem(source, target)
+            if problem is not None:
+                raise ValueError(f"{name}: entry {source!r}: {problem}")
         self.entries = dict(entries)
         self.name = name
         alternatives = sorted(self.entries, key=len, reverse=True)

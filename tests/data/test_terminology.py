@@ -239,6 +239,8 @@ def test_glossary_matches_whole_words_case_sensitively_longest_first():
     assert glossary.matches("cats and a bobcat") == []
     assert glossary.matches("an apple, an Apple.") == [("Apple", "Apple Inc.")]
     assert Glossary({}).matches("cat") == []
+    with pytest.raises(ValueError, match="^glossary: entry '': empty source term$"):
+        Glossary({"": "Katze"})
 
 
 def test_glossary_file_errors_name_the_line(tmp_path):
