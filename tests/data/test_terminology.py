@@ -25,11 +25,12 @@ from ..helpers import random_pairs, write_corpus
 MAX_TOKENS = 256
 
 
-def plan_for(data_dir, *, rate=0.5, world_size=1, rank=0, update_freq=1, **batching):
+def plan_for(data_dir, *, rate=0.5, world_size=1, rank=0, update_freq=1, num_workers=0, **batching):
     return TrainingDataPlan(
         DataConfig(
             data_dir=data_dir,
             term_annotation_rate=rate,
+            num_workers=num_workers,
             batching=BatchingConfig(
                 layout="padded", max_tokens=MAX_TOKENS, update_freq=update_freq, **batching
             ),
@@ -175,6 +176,10 @@ def test_annotated_batches_are_the_same_for_any_world_size(tiny_data, world_size
     assert all(len(r) == len(one) for r in ranks)
     for k, samples in enumerate(one):
         assert sorted(s for r in ranks for s in r[k]) == sorted(samples)
+
+
+def test_data_loader_workers_annotate_as_the_main_process_does(tiny_data):
+    assert epoch_samples(plan_for(tiny_data, num_workers=1)) == epoch_samples(plan_for(tiny_data))
 
 
 def test_resume_and_epochs(tiny_data):
