@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nmt import recipe
 
@@ -126,7 +127,7 @@ class Recipe:
     def count(self, minutes: float) -> int:
         return recipe.average_last(minutes=minutes, given=self.args.average_last)
 
-    def dataset(self, name: str, identity: dict, run) -> recipe.Step:
+    def dataset(self, name: str, identity: dict[str, Any], run: Callable[[], None]) -> recipe.Step:
         return recipe.Step(f"the dataset {name}", identity, [self.path(name, "manifest.json")], run)
 
     def preprocess(self, name: str, *options: str) -> recipe.Step:
@@ -162,7 +163,7 @@ class Recipe:
         return self.dataset(name, {"captions": self.args.captions_dir}, run)
 
     def translate(
-        self, source: str, name: str, model: list[str], flags: list[str], identity: dict
+        self, source: str, name: str, model: list[str], flags: list[str], identity: dict[str, Any]
     ) -> recipe.Step:
         """``source`` translated by ``model`` into the dataset ``name`` (nmt-eval resumes it)."""
         from nmt_cli import eval as nmt_eval
@@ -200,7 +201,7 @@ class Recipe:
         return ["--path", directory], digest
 
     def training(
-        self, name: str, minutes: float, data: str, flags: list[str], identity: dict
+        self, name: str, minutes: float, data: str, flags: list[str], identity: dict[str, Any]
     ) -> recipe.Step:
         def run() -> None:
             log(f"training {name} for {minutes:g} min")
