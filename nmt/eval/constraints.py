@@ -9,10 +9,12 @@ met more constraints are never crowded out by better-scoring ones that met fewer
 until a hypothesis has met all of its constraints.
 
 A constraint is met when its pieces occur contiguously in the output, wherever they overlap other
-constraints ("a b" and "b c" are both met by "a b c"). Progress is recomputed from the output's
-last pieces (the longest prefix of each constraint that ends the output), so a constraint left
-halfway is picked up again by a later occurrence, and constraints sharing pieces need no trie.
-``ordered``: constraint i counts only once constraints 0..i-1 were met at an earlier step.
+constraints ("a b" and "b c" are both met by "a b c"). Each row keeps, per constraint, the set of
+its prefixes that end the output (shift-and string matching: a new token extends exactly the
+prefixes it continues), so a constraint left halfway is picked up again by a later occurrence,
+constraints sharing pieces need no trie, and a step costs a few comparisons per candidate, not a
+look back over the output. ``ordered``: constraint i counts only once constraints 0..i-1 were met
+at an earlier step.
 """
 
 from __future__ import annotations
@@ -23,20 +25,22 @@ from dataclasses import dataclass
 import torch
 
 NO_TOKEN = -1  # padding of the constraint table; never equal to a generated id
-BEFORE_START = -2  # what the output "has" before its first token; never equal to a constraint piece
 
 
 @dataclass
 class Progress:
-    """Per hypothesis row: which constraints are met, and how far each one's prefix ends the output."""
+    """Per hypothesis (any leading shape): which constraints are met, which prefixes end the output."""
 
-    met: torch.Tensor  # (R, C) bool
-    matched: (
-        torch.Tensor
-    )  # (R, C) long: pieces of each constraint that end the output (< its length once met)
+    met: torch.Tensor  # (..., C) bool
+    ends: torch.Tensor  # (..., C, L) bool: the constraint's first j + 1 pieces end the output
 
-    def index_select(self, rows: torch.Tensor) -> Progress:
-        return Progress(self.met.index_select(0, rows), self.matched.index_select(0, rows))
+    def __getitem__(self, index: torch.Tensor | tuple[torch.Tensor, ...]) -> Progress:
+        """The hypotheses that ``index`` picks on the leading dimensions."""
+        return Progress(self.met[index], self.ends[index])
+
+    def flatten_beams(self) -> Progress:
+        """(B, K, ...) -> (B x K, ...): per sentence and beam to per row."""
+        return Progress(self.met.flatten(0, 1), self.ends.flatten(0, 1))
 
 
 class BatchConstraints:
@@ -59,13 +63,16 @@ class BatchConstraints:
         self.tokens = tokens.to(device)  # (B, C, L), NO_TOKEN after each constraint
         self.lengths = lengths.to(device)  # (B, C), 0 where a sentence has fewer constraints
         self.ordered = ordered
-        self.longest = longest
+        self.span = torch.arange(1, longest + 1, device=device)  # (L,) prefix length of each column
         self.num_banks = int(self.lengths.sum(dim=1).max()) + 1  # 0..all constraint pieces met
 
     def start(self, sentences: torch.Tensor) -> Progress:
         """The empty output of each sentence in ``sentences`` (B,): only its absent constraints met."""
         lengths = self.lengths[sentences]
-        return Progress(met=lengths == 0, matched=torch.zeros_like(lengths))
+        ends = torch.zeros(
+            (*lengths.shape, len(self.span)), dtype=torch.bool, device=lengths.device
+        )
+        return Progress(met=lengths == 0, ends=ends)
 
     def wanted(
         self, progress: Progress, sentences: torch.Tensor, rows_per_sentence: int
@@ -74,35 +81,35 @@ class BatchConstraints:
         (met; with ``ordered``, not the first unmet one, or one that occurred before its turn)."""
         tokens = self.tokens[sentences].repeat_interleave(rows_per_sentence, dim=0)  # (R, C, L)
         lengths = self.lengths[sentences].repeat_interleave(rows_per_sentence, dim=0)  # (R, C)
-        under_way = self._open(progress.met) & (progress.matched < lengths)
-        following = progress.matched.clamp(max=self.longest - 1)[:, :, None]
+        matched = self._matched(progress.ends)
+        under_way = self._open(progress.met) & (matched < lengths)
+        following = matched.clamp(max=len(self.span) - 1)[:, :, None]
         return tokens.gather(2, following).squeeze(2).masked_fill(~under_way, NO_TOKEN)
 
     def advance(
-        self, progress: Progress, tails: torch.Tensor, sentences: torch.Tensor
+        self, progress: Progress, new_tokens: torch.Tensor, sentences: torch.Tensor
     ) -> tuple[Progress, torch.Tensor]:
         """Candidates' progress and bank: ``progress`` (B, N, C) of each candidate's parent row,
-        ``tails`` (B, N, L) the candidate's last ``longest`` output pieces (its new token last,
-        BEFORE_START before the output), ``sentences`` (B,). Returns the candidates' Progress
-        (B, N, C) and their bank (B, N): pieces of the met constraints plus the longest partial
-        match of an open one."""
-        tokens = self.tokens[sentences][:, None]  # (B, 1, C, L)
+        ``new_tokens`` (B, N) the token the candidate appends, ``sentences`` (B,). Returns the
+        candidates' Progress (B, N, C) and their bank (B, N): pieces of the met constraints plus
+        the longest partial match of an open one."""
+        pieces = self.tokens[sentences][:, None]  # (B, 1, C, L)
         lengths = self.lengths[sentences][:, None]  # (B, 1, C)
-        span = torch.arange(1, self.longest + 1, device=tails.device)  # (K,) match lengths tried
-        offset = torch.arange(self.longest, device=tails.device)  # (J,) piece within a match
-        # For a match of k pieces, piece j of the constraint faces tail position L - k + j.
-        position = (self.longest - span[:, None] + offset[None, :]).clamp(max=self.longest - 1)
-        valid = offset[None, :] < span[:, None]  # (K, J)
-        facing = tails[:, :, position]  # (B, N, K, J)
-        equal = facing[:, :, None] == tokens[:, :, :, None, :]  # (B, N, C, K, J)
-        ends_output = (equal | ~valid).all(dim=-1) & (span <= lengths[..., None])  # (B, N, C, K)
-        matched = (ends_output * span).amax(dim=-1)  # (B, N, C): longest prefix ending the output
+        # Prefix j + 1 ends the new output where prefix j ended the parent's and the token is piece j.
+        continued = torch.cat(
+            [torch.ones_like(progress.ends[..., :1]), progress.ends[..., :-1]], -1
+        )
+        ends = continued & (new_tokens[:, :, None, None] == pieces)  # (B, N, C, L)
+        matched = self._matched(ends)  # (B, N, C)
         complete = (matched == lengths) & (lengths > 0)
         met = progress.met | (complete & self._open(progress.met))
-        matched = matched.masked_fill(met, 0)
         partial = matched.masked_fill(~self._open(met), 0).amax(dim=-1)  # (B, N)
         bank = (lengths * met).sum(dim=-1) + partial
-        return Progress(met, matched), bank
+        return Progress(met, ends), bank
+
+    def _matched(self, ends: torch.Tensor) -> torch.Tensor:
+        """(..., C) the longest prefix of each constraint that ends the output (0: none)."""
+        return (ends * self.span).amax(dim=-1)
 
     def _open(self, met: torch.Tensor) -> torch.Tensor:
         """(..., C) constraints that may be met next: the unmet ones, or with ``ordered`` the first."""

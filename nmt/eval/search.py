@@ -28,13 +28,7 @@ import torch
 
 from nmt.config import EvalConfig
 from nmt.data.spm import BOS_ID, EOS_ID, PAD_ID
-from nmt.eval.constraints import (
-    BEFORE_START,
-    NO_TOKEN,
-    BatchConstraints,
-    Progress,
-    dynamic_beam_order,
-)
+from nmt.eval.constraints import NO_TOKEN, BatchConstraints, Progress, dynamic_beam_order
 from nmt.eval.ensemble import Ensemble, EnsembleState
 from nmt.eval.hypothesis import Hypothesis, max_target_lengths
 from nmt.model import TransformerModel
@@ -309,21 +303,15 @@ def _beam_search(
                 unmet &= ~force_eos
             lprobs[:, EOS_ID] = lprobs[:, EOS_ID].masked_fill(unmet, -torch.inf)
         vocab_size = lprobs.shape[1]
-        # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.
-        candidates = (
-            sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)
-        ).view(num_active, -1)
         if constraints is None or progress is None:
+            # (B, K, V) sums of every extension (broadcast over beams at the first step), flattened per sentence.
+            candidates = (
+                sums[:, :, None] + lprobs.view(num_active, rows_per_sentence, vocab_size)
+            ).view(num_active, -1)
             top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K), best first
         else:  # (B, N): the banks' order (nmt.eval.constraints), not the scores'
             top_sums, top_index, progress = _constrained_candidates(
-                candidates,
-                lprobs,
-                prefix,
-                progress,
-                constraints,
-                sentences=sentences,
-                beam=beam,
+                sums, lprobs, progress, constraints, sentences=sentences
             )
         top_beams = torch.div(top_index, vocab_size, rounding_mode="floor")
         top_tokens = top_index % vocab_size
@@ -365,10 +353,14 @@ def _beam_search(
         next_tokens = top_tokens.gather(1, keep_rank)
         sums = top_sums.gather(1, keep_rank)
         if progress is not None:  # (B, N, C) -> (B, K, C), the continuing candidates'
-            index = keep_rank[:, :, None].expand(-1, -1, progress.met.shape[-1])
-            progress = Progress(progress.met.gather(1, index), progress.matched.gather(1, index))
+            by_sentence = torch.arange(num_active, device=device)[:, None]
+            progress = progress[by_sentence, keep_rank]
 
         done = num_finished[sentences] >= beam
+        if progress is not None:
+            done |= finished.settled(
+                sentences, sums.amax(dim=1), step=step, max_len=max_len, per_sentence=beam, cfg=cfg
+            )
         if step >= int(max_len.min()):
             done |= torch.from_numpy(step >= max_len).to(device)
         if bool(done.any()):  # the one host sync per step
@@ -378,7 +370,7 @@ def _beam_search(
             next_rows, next_tokens, sums = next_rows[keep], next_tokens[keep], sums[keep]
             sentences = sentences[keep]
             if progress is not None:
-                progress = Progress(progress.met[keep], progress.matched[keep])
+                progress = progress[keep]
             max_len = max_len[keep.cpu().numpy()]
         if rows_per_sentence == 1 or next_rows.shape[0] < num_active:
             # Expanding to K beams, or dropping finished sentences: the encoder side changes too.
@@ -389,40 +381,49 @@ def _beam_search(
             [prefix.index_select(0, next_rows.view(-1)), next_tokens.view(-1, 1)], dim=1
         )
         if progress is not None:
-            progress = Progress(progress.met.flatten(0, 1), progress.matched.flatten(0, 1))
+            progress = progress.flatten_beams()
     return finished.best(num_sentences, per_sentence=beam, nbest=cfg.nbest)
 
 
 def _constrained_candidates(
-    candidates: torch.Tensor,
+    sums: torch.Tensor,
     lprobs: torch.Tensor,
-    prefix: torch.Tensor,
     progress: Progress,
     constraints: BatchConstraints,
     *,
     sentences: torch.Tensor,
-    beam: int,
 ) -> tuple[torch.Tensor, torch.Tensor, Progress]:
-    """Dynamic beam allocation's candidates, in its order: ``candidates`` (B, rows x V) the sums of
-    every extension, ``lprobs`` (R, V), ``prefix`` (R, t+1), ``progress`` (R, C) of the current rows.
+    """Dynamic beam allocation's candidates, in its order: ``sums`` (B, K) of the beams (only beam
+    0 finite at the first step), ``lprobs`` (R, V), ``progress`` (R, C) of the current rows.
 
-    Returns sums (B, N), indices (B, N) into ``candidates`` (parent beam x V + token) and the
-    candidates' Progress (B, N, C), N = 2K + rows per sentence x (C + 1): the 2K best, and for
-    every row its best token and the next piece of each open constraint; a candidate found twice
-    is kept once (the other copy scores -inf)."""
-    num_active, vocab_size = candidates.shape[0], lprobs.shape[1]
-    rows_per_sentence = prefix.shape[0] // num_active
-    top_sums, top_index = candidates.topk(2 * beam, dim=1)  # (B, 2K)
+    Returns sums (B, N), indices (B, N) (parent beam x V + token) and the candidates' Progress
+    (B, N, C), N = 2K + rows per sentence x (C + 1): the 2K best, and for every row its best token
+    and the next piece of each open constraint; a candidate found twice is kept once (the other
+    copy scores -inf)."""
+    (num_active, beam), (num_rows, vocab_size) = sums.shape, lprobs.shape
+    rows_per_sentence = num_rows // num_active
+    # The 2K best extensions of the beam are among the 2K best of each row: one pass over the
+    # vocabulary finds them and each row's best token.
+    row_lprobs, row_tokens = lprobs.topk(min(2 * beam, vocab_size), dim=1)  # (R, k), best first
+    per_row = row_tokens.shape[1]
+    beams = torch.arange(beam, device=sums.device)[None, :, None]
+    row_index = beams * vocab_size + row_tokens.view(num_active, rows_per_sentence, per_row)
+    row_sums = sums[:, :, None] + row_lprobs.view(num_active, rows_per_sentence, per_row)
+    top_sums, top = row_sums.view(num_active, -1).topk(2 * beam, dim=1)  # (B, 2K)
+    top_index = row_index.reshape(num_active, -1).gather(1, top)
     wanted = constraints.wanted(progress, sentences, rows_per_sentence)  # (R, C)
-    extra_tokens = torch.cat([lprobs.argmax(dim=1, keepdim=True), wanted.clamp(min=0)], dim=1)
+    extra_tokens = torch.cat([row_tokens[:, :1], wanted.clamp(min=0)], dim=1)  # (R, 1 + C)
     extra_index = (
-        torch.arange(rows_per_sentence, device=prefix.device)[None, :, None] * vocab_size
+        beams[:, :rows_per_sentence] * vocab_size
         + extra_tokens.view(num_active, rows_per_sentence, -1)
     ).view(num_active, -1)
-    extra_sums = candidates.gather(1, extra_index)
-    best_found = torch.zeros((wanted.shape[0], 1), dtype=torch.bool, device=wanted.device)
-    no_extra = torch.cat([best_found, wanted == NO_TOKEN], dim=1)  # (R, 1 + C)
-    extra_sums = extra_sums.masked_fill(no_extra.view(num_active, -1), -torch.inf)
+    extra_sums = sums[:, :rows_per_sentence, None] + lprobs.gather(1, extra_tokens).view(
+        num_active, rows_per_sentence, -1
+    )
+    no_extra = torch.cat([torch.zeros_like(wanted[:, :1], dtype=torch.bool), wanted == NO_TOKEN], 1)
+    extra_sums = extra_sums.view(num_active, -1).masked_fill(
+        no_extra.view(num_active, -1), -torch.inf
+    )
     index = torch.cat([top_index, extra_index], dim=1)  # (B, N)
     sums = torch.cat([top_sums, extra_sums], dim=1)
     num = index.shape[1]
@@ -432,21 +433,16 @@ def _constrained_candidates(
 
     # (B, N) each candidate's row in the current state (at the first step, the -inf beams' is row 0)
     first_row = torch.arange(num_active, device=index.device)[:, None] * rows_per_sentence
-    beams = torch.div(index, vocab_size, rounding_mode="floor")
-    parents = first_row + beams * (rows_per_sentence > 1)
-    kept = constraints.longest - 1  # pieces before the new one that a match may span
-    tail = prefix[:, prefix.shape[1] - min(kept, prefix.shape[1]) :]
-    tail = torch.cat([tail.new_full((tail.shape[0], kept - tail.shape[1]), BEFORE_START), tail], 1)
-    tails = torch.cat([tail[parents], (index % vocab_size)[:, :, None]], dim=2)  # (B, N, L)
-    moved, banks = constraints.advance(
-        Progress(progress.met[parents], progress.matched[parents]), tails, sentences
+    parents = first_row + torch.div(index, vocab_size, rounding_mode="floor") * (
+        rows_per_sentence > 1
     )
+    moved, banks = constraints.advance(progress[parents], index % vocab_size, sentences)
     order = dynamic_beam_order(sums, banks, constraints.num_banks)  # (B, N)
-    by_order = order[:, :, None].expand(-1, -1, moved.met.shape[-1])
+    by_sentence = torch.arange(num_active, device=index.device)[:, None]
     return (
         sums.gather(1, order),
         index.gather(1, order),
-        Progress(moved.met.gather(1, by_order), moved.matched.gather(1, by_order)),
+        moved[by_sentence, order],
     )
 
 
@@ -497,6 +493,33 @@ class _Finished:
         if self.complete is not None:
             assert complete is not None
             self.complete.index_copy_(0, slots, complete)
+
+    def settled(
+        self,
+        sentences: torch.Tensor,
+        best_sums: torch.Tensor,
+        *,
+        step: int,
+        max_len: np.ndarray,
+        per_sentence: int,
+        cfg: EvalConfig,
+    ) -> torch.Tensor:
+        """(B,) whether each of ``sentences`` has its ``cfg.nbest`` best finished hypotheses met their
+        constraints and scoring above all its active hypotheses (best log-prob sum ``best_sums``
+        (B,) after ``step``) can still reach.
+
+        Sums only fall, so a hypothesis ends at most at its sum now over the length (next step's to
+        ``max_len``'s) that ``lenpen`` favours. Stopping then returns what waiting for
+        ``per_sentence`` finished ones would (the later ones rank below), in fewer steps: with
+        constraints that wait is long, as only the banks that met every constraint may end."""
+        assert self.complete is not None
+        scores = self.scores[:-1].view(-1, per_sentence)[sentences]
+        complete = self.complete[:-1].view(-1, per_sentence)[sentences]
+        kept = scores.masked_fill(~complete, -torch.inf).topk(cfg.nbest, dim=1).values[:, -1]
+        # Lengths as ``add`` counts them (EOS in, the forced first token out).
+        favoured = max_len + 1 if cfg.lenpen >= 0 else np.full_like(max_len, step + 2)
+        length = torch.from_numpy(favoured - self.forced).to(best_sums)
+        return kept > best_sums / length**cfg.lenpen
 
     def best(self, num_sentences: int, *, per_sentence: int, nbest: int) -> list[list[Hypothesis]]:
         scores = self.scores[:-1].view(num_sentences, per_sentence)

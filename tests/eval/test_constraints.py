@@ -14,7 +14,9 @@ import torch
 from nmt.config import EvalConfig
 from nmt.data.spm import EOS_ID
 from nmt.eval import Translator, generate
+from nmt.eval import search as search_module
 from nmt.eval.constraints import dynamic_beam_order
+from nmt.eval.ensemble import Ensemble
 from nmt_cli.eval import main
 
 from ..helpers import TINY_MODEL_WORDS, WORTE
@@ -93,18 +95,8 @@ def test_constrained_beam_finds_the_best_satisfying_sequences_of_exhaustive_sear
 def test_small_beams_meet_every_constraint_the_length_allows(beam: int) -> None:
     """A random model never wants the constraints; a small beam still meets them all (DBA keeps
     the hypotheses with the most constraint pieces), in a batch of sentences with 0 to 3 phrases."""
-    vocab_size = 12
-    model = random_model(vocab_size=vocab_size, seed=4)
-    rng = random.Random(0)
-    sources, phrases = [], []
-    for _ in range(12):
-        sources.append([rng.randrange(3, vocab_size) for _ in range(rng.randint(2, 6))] + [EOS_ID])
-        phrases.append(
-            [
-                [rng.randrange(3, vocab_size) for _ in range(rng.randint(1, 3))]
-                for _ in range(rng.randint(0, 3))
-            ]
-        )
+    model = random_model(vocab_size=12, seed=4)
+    sources, phrases = random_batch(vocab_size=12, seed=0)
     src, src_lengths = padded(sources)
     for ordered in (False, True):
         cfg = EvalConfig(beam=beam, nbest=1, max_len_a=0.0, max_len_b=12)
@@ -113,6 +105,61 @@ def test_small_beams_meet_every_constraint_the_length_allows(beam: int) -> None:
         )
         for sentence_phrases, (best,) in zip(phrases, found):
             assert satisfies(best.tokens, sentence_phrases, ordered=ordered)
+
+
+def random_batch(
+    *, vocab_size: int, seed: int, size: int = 12
+) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Sources of 2-6 pieces and 0-3 constraint phrases of 1-3 pieces each."""
+    rng = random.Random(seed)
+    sources, phrases = [], []
+    for _ in range(size):
+        sources.append([rng.randrange(3, vocab_size) for _ in range(rng.randint(2, 6))] + [EOS_ID])
+        phrases.append(
+            [
+                [rng.randrange(3, vocab_size) for _ in range(rng.randint(1, 3))]
+                for _ in range(rng.randint(0, 3))
+            ]
+        )
+    return sources, phrases
+
+
+# lenpen 2 favours long outputs so much that no active hypothesis is ever out of the race.
+@pytest.mark.parametrize("lenpen,saves", [(0.0, True), (1.0, True), (-0.5, True), (2.0, False)])
+def test_stopping_once_no_active_hypothesis_can_win_changes_nothing_but_the_steps(
+    tiny, lenpen: float, saves: bool, monkeypatch
+) -> None:
+    """A sentence stops when its nbest finished hypotheses met their constraints and outscore what
+    any active one can still reach: the same hypotheses and scores as waiting for K finished
+    ones, with fewer decoder rows."""
+    translator = Translator.from_checkpoint(tiny.checkpoint)
+    constraints = misses(translator, tiny.test_src, seed=1)
+    rows = []
+    next_log_probs = Ensemble.next_log_probs
+
+    def counted(self, tokens, *args, **kwargs):
+        rows[-1] += tokens.shape[0]
+        return next_log_probs(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(Ensemble, "next_log_probs", counted)
+
+    def search() -> list[list[tuple[list[int], float]]]:
+        rows.append(0)
+        found = translator.translate_nbest(
+            tiny.test_src, constraints=constraints, beam=4, nbest=2, lenpen=lenpen
+        )
+        return [[(t.tokens, t.score) for t in nbest] for nbest in found]
+
+    early = search()
+    monkeypatch.setattr(
+        search_module._Finished, "settled", lambda self, sentences, *a, **k: sentences < 0
+    )
+    waited = search()
+    assert [[t for t, _ in n] for n in early] == [[t for t, _ in n] for n in waited]
+    np.testing.assert_allclose(
+        [s for n in early for _, s in n], [s for n in waited for _, s in n], rtol=1e-6
+    )
+    assert rows[0] < rows[1] if saves else rows[0] == rows[1]
 
 
 def test_dynamic_beam_order_takes_the_banks_in_turn() -> None:
