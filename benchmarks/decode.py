@@ -35,6 +35,8 @@ from nmt.eval.translate import Translator, load_split, read_references
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
 
+from nmt.results import write_results  # noqa: E402
+
 # Not run here (fairseq is not a dependency): printed as its own row.
 FAIRSEQ_GENERATE = StoredPeerFigure(
     peer="fairseq 0.12.2 fairseq-generate",
@@ -141,7 +143,7 @@ def run_process(
     }
 
 
-def compare_backends(args: argparse.Namespace) -> None:
+def compare_backends(args: argparse.Namespace) -> list[list[str]]:
     """PyTorch checkpoint vs its CTranslate2 exports, each decoded by a fresh nmt-eval process."""
     from nmt.deploy.ct2 import export_ctranslate2
 
@@ -183,6 +185,7 @@ def compare_backends(args: argparse.Namespace) -> None:
         f"{'backend':>12}  {'size MiB':>8}  {'process s':>9}  {'decode s':>8}  {'sent/s':>7}  {'tokens/s':>8}  "
         f"{'peak MiB':>8}  {'BLEU':>6}  {'= torch':>7}  {'process x':>9}  {'decode x':>8}"
     )
+    rows = []
     for name, path in backends:
         r = results[name]
         same = sum(a == b for a, b in zip(hypotheses[name], hypotheses["torch"]))
@@ -192,14 +195,30 @@ def compare_backends(args: argparse.Namespace) -> None:
             f"{r['peak_mib']:>8.0f}  {r['bleu']:>6.2f}  {100 * same / len(hypotheses['torch']):>6.1f}%  "
             f"{reference['wall'] / r['wall']:>8.2f}x  {r['sentences/s'] / reference['sentences/s']:>7.2f}x"
         )
+        rows.append(
+            [
+                name,
+                f"{size:.1f}",
+                f"{r['wall']:.2f}",
+                f"{r['decode']:.2f}",
+                f"{r['sentences/s']:.1f}",
+            ]
+            + [f"{r['tokens/s']:.0f}", f"{r['peak_mib']:.0f}", f"{r['bleu']:.2f}"]
+            + [
+                f"{100 * same / len(hypotheses['torch']):.1f}%",
+                f"{reference['wall'] / r['wall']:.2f}x",
+            ]
+            + [f"{r['sentences/s'] / reference['sentences/s']:.2f}x"]
+        )
     print(
         f"(torch size: the model's tensors; its training checkpoint file is {disk_mib(args.path):.1f} MiB with the "
         f"optimizer state. Targets: float32 >= 90% identical, BLEU within 0.5; int8 within 1.0 BLEU, >= 2x process)"
     )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return rows
 
 
-def compare_search(args: argparse.Namespace) -> None:
+def compare_search(args: argparse.Namespace) -> list[list[str]]:
     """PyTorch, in this process: greedy and beam 5, batched vs one sentence at a time."""
     translator = Translator.from_checkpoint(args.path)
     split = load_split(args.data, args.split, src_spm=translator.src_spm)
@@ -221,6 +240,7 @@ def compare_search(args: argparse.Namespace) -> None:
         f"{'search':>7}  {'batch':>5}  {'seconds':>8}  {'sent/s':>8}  {'tokens/s':>9}  {'BLEU':>6}  {'batched vs 1':>12}"
     )
     results = {}
+    rows = []
     for beam in (1, 5):
         for batch_size in (args.batch_size, 1):
             results[beam, batch_size] = run(
@@ -239,9 +259,14 @@ def compare_search(args: argparse.Namespace) -> None:
                 f"{name:>7}  {batch_size:>5}  {r['seconds']:>8.2f}  {r['sentences/s']:>8.1f}  {r['tokens/s']:>9.0f}  "
                 f"{r['bleu']:>6.2f}  {ratio:>11.2f}x"
             )
+            rows.append(
+                [name, str(batch_size), f"{r['seconds']:.2f}", f"{r['sentences/s']:.1f}"]
+                + [f"{r['tokens/s']:.0f}", f"{r['bleu']:.2f}", f"{ratio:.2f}x"]
+            )
     print(*FAIRSEQ_GENERATE.lines(), sep="\n")
     print_extras(args, translator, sources, results[5, args.batch_size])
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return rows
 
 
 def main() -> None:
@@ -284,13 +309,21 @@ def main() -> None:
     parser.add_argument(
         "--skip-backends", action="store_true", help="only the in-process search table"
     )
+    parser.add_argument("--results", help="also write the tables as a results file (nmt.results)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    tables = {}
     if not args.skip_in_process:
-        compare_search(args)
+        columns = ["search", "batch", "seconds", "sent/s", "tokens/s", "BLEU", "batched vs 1"]
+        tables["search"] = {"columns": columns, "rows": compare_search(args)}
     if not args.skip_backends:
-        compare_backends(args)
+        columns = ["backend", "size MiB", "process s", "decode s", "sent/s", "tokens/s"]
+        columns += ["peak MiB", "BLEU", "= torch", "process x", "decode x"]
+        tables["backends"] = {"columns": columns, "rows": compare_backends(args)}
+    if args.results:
+        # One table per results file is published: the in-process search's when it ran.
+        write_results(args.results, figures={"table": next(iter(tables.values())), **tables})
 
 
 def print_extras(
