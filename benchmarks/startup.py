@@ -27,6 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from preprocess import parse_count, run_measured  # noqa: E402  (the sibling benchmark's process-tree sampler)
 
+from nmt.results import write_results  # noqa: E402
+
 PIECE = r"""
 import resource, sys, time
 import numpy as np
@@ -153,6 +155,7 @@ def main() -> None:
     parser.add_argument("--data", default="/tmp/nmt-bench/data-given")
     parser.add_argument("--samples", default="10M,100M", help="sample counts for the plan's pieces")
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--results", help="also write the table as a results file (nmt.results)")
     args = parser.parse_args()
     rows = []
     if not args.skip_train:
@@ -164,6 +167,9 @@ def main() -> None:
     print(f"{'what':<52} {'time':>22}  note")
     for what, seconds, note in rows:
         print(f"{what:<52} {seconds:>22}  {note}")
+    if args.results:
+        table = {"columns": ["what", "time", "note"], "rows": [list(row) for row in rows]}
+        write_results(args.results, figures={"table": table})
 
 
 if __name__ == "__main__":
