@@ -42,6 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_throughput import DATA, ensure_data  # noqa: E402
 
+from nmt.results import write_results  # noqa: E402
+
 PHASES = ("collate", "transfer+masks", "forward", "backward", "optimizer", "bookkeeping")
 
 
@@ -256,6 +258,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--results", help="also write the totals as a results file (nmt.results)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ensure_data()
@@ -265,10 +268,21 @@ def main() -> None:
         f"torch {torch.__version__}, {args.device}, {args.threads} threads, load {' '.join(load)}, "
         f"--max-tokens {args.max_tokens}, {args.rounds} x {args.updates} updates after {args.warmup}"
     )
+    operations, rows = {}, []
     for arch in args.archs.split(","):
         for layout in args.layouts.split(","):
             result = measure(args, arch, layout)
             report(f"{arch}, {layout}", result)
+            ops = result["ops"]
+            total = round(sum(ops[p] for p in PHASES))
+            host = round(total - ops["forward"] - ops["backward"])
+            operations[f"{arch}, {layout}"] = {"total": total, "outside_forward_backward": host}
+            ratio = result["whole"] / result["alone"]
+            rows.append([f"{arch}, {layout}", f"{total:,}", f"{host:,}", f"{ratio:.3f}"])
+    if args.results:
+        columns = ["model, layout", "aten ops/update", "outside fwd/bwd", "whole/alone (time)"]
+        table = {"columns": columns, "rows": rows}
+        write_results(args.results, figures={"operations": operations, "table": table})
     with open("/proc/loadavg") as handle:
         print(f"\nload at the end {' '.join(handle.read().split()[:3])}")
 
