@@ -48,7 +48,7 @@ def test_parse_request_shapes_and_one_line_errors() -> None:
         (b'{"text": "a"}', "missing q"),
         (b'{"q": 3}', "q: must be a string or a list of strings"),
         (b'{"q": ["a", null]}', "q: must be a string or a list of strings"),
-        (b'{"q": "a", "target": "fr"}', "translates en -> de"),
+        (b'{"q": "a", "target": "fr"}', "direction en-fr: not in the model (it has en-de)"),
         (b'{"q": "a", "source": 1}', "source: must be a string"),
         (b'{"q": ["a", "b\\nc\\nd", "e"]}', "too many sentences: 5"),
         (b'{"q": "a", "format": "html"}', "format: only 'text' is served"),
@@ -124,7 +124,11 @@ def test_concurrent_clients_are_batched_and_answered_as_the_translator_does(tiny
         (b'{"q": {"text": "a dog"}}', 400, "q: must be a string"),
         (json.dumps({"q": "dog\n" * 41}).encode(), 400, "too many sentences"),
         (json.dumps({"q": "a dog " * 1000}).encode(), 413, "over the limit of 4096"),
-        (b'{"q": "a dog", "target": "fr"}', 400, "translates en -> de"),
+        (
+            b'{"q": "a dog", "target": "fr"}',
+            400,
+            "direction en-fr: not in the model (it has en-de)",
+        ),
     ],
 )
 def test_bad_requests_get_4xx_json_and_the_service_stays_up(
