@@ -259,7 +259,7 @@ def test_bt_recipe_without_the_tag_scores_both_models(bt_run):
         rows[1][0]: f"{rows[1][0]}.test.de",
     }
     synthetic = (bt_run / "bt-beam-c1-ct2" / "manifest.json").read_text()
-    assert '"tag_source": false' in synthetic
+    assert "<bt>" not in synthetic  # tagged: its manifest names the source tag (test below)
 
 
 @pytest.mark.slow
@@ -272,6 +272,7 @@ def test_bt_recipe_iterative_and_forward_translation_without_ct2(bt_run, corpus,
 
     for dataset in ("en-bt-beam-tagged-c1", "bt-beam-tagged-c1-ibt", "ft-c1"):
         assert (out / dataset / "manifest.json").is_file(), dataset
+    assert '"source_tag": "<bt>"' in (out / "bt-beam-tagged-c1-ibt" / "manifest.json").read_text()
     assert _updates(out / "de-en-ibt" / "checkpoint_last.pt") == 2
     (row,) = (out / "scores.tsv").read_text().splitlines()
     assert row.startswith("bt-beam-tagged-c1-ibt-ft-w0.5\t3\t2\t")
