@@ -220,6 +220,28 @@ def test_recipes_refuse_a_bad_budget_before_anything_runs(tmp_path, minutes):
         assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--reverse-bt", "no model.pt"], "--reverse-bt no model.pt: no such checkpoint file"),
+        (["--forward-translate", "no.pt"], "--forward-translate no.pt: no such checkpoint file"),
+        (
+            ["--side-by-side", "--filter", "0.8"],
+            "--side-by-side trains the baseline beside the final model, but --filter needs the "
+            "baseline first",
+        ),
+    ],
+)
+def test_bt_recipe_refuses_impossible_options_in_one_line_before_anything_runs(
+    tmp_path, args, message
+):
+    result = _run("multi30k-bt", "--out", str(tmp_path / "out"), *args, check=False)
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"examples/multi30k-bt/run.py: error: {message}"]
+    assert not (tmp_path / "out").exists()
+
+
 def _bt(
     out: pathlib.Path,
     corpus: pathlib.Path,
