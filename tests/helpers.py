@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import glob
+import io
 import json
 import os
 import pathlib
@@ -399,6 +400,16 @@ def run_forked(module, args, *, env, timeout=300):
     return _zygotes[0].run(module, args, env=env, timeout=timeout)
 
 
+def run_cli(main, argv, *, capsys, stdin: bytes | None = None, monkeypatch=None):
+    """A command's ``main(argv)`` run in this process, ``stdin`` (bytes, with ``monkeypatch``) as
+    its standard input: (exit code, stdout, stderr)."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -464,6 +475,55 @@ def descendants(pid):
         found.extend(children)
         frontier.extend(children)
     return found
+
+
+def train_command(data_dir, save_dir, *extra):
+    """nmt-train's options (after the data directory) for a few quick updates of the tiny model
+    with dropout on (the invariance and resume tests prove it reproducible), then ``extra``."""
+    return [
+        "--save-dir",
+        str(save_dir),
+        "--max-tokens",
+        "256",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--warmup-updates",
+        "10",
+        "--lr",
+        "0.003",
+        "--seed",
+        "3",
+        "--no-epoch-checkpoints",
+        "--layout",
+        "padded",
+        *TINY_MODEL_FLAGS,
+        "--dropout",
+        "0.1",
+        *extra,
+    ]
+
+
+def parse_log(stdout, kind="train"):
+    """The records of ``kind`` (train: one per update) in --log-format json output."""
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [r for r in records if r["kind"] == kind]
+
+
+def run_subprocess(args, *, torchrun_procs=None, timeout=300, env_extra=None):
+    """``nmt-train *args`` (forked from the zygote, or under torchrun with ``torchrun_procs``
+    ranks) as a CompletedProcess (text)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    if torchrun_procs:
+        command = torchrun_command("nmt_cli.train", *args, nproc=torchrun_procs)
+    else:
+        return run_forked("nmt_cli.train", args, env=env, timeout=timeout)
+    with process_group(
+        command, timeout=timeout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as process:
+        stdout, stderr = process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def train_multilingual(data_dir, save_dir, *extra, updates=400, check=True):

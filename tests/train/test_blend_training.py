@@ -1,10 +1,4 @@
-import json
-
-from .conftest import parse_log, run_subprocess, train_command
-
-
-def blend_records(stdout):
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"kind": "blend"')]
+from ..helpers import parse_log, run_subprocess, train_command
 
 
 def test_blended_epochs_follow_the_weights_and_change_per_epoch(two_corpus_data, tmp_path):
@@ -22,7 +16,7 @@ def test_blended_epochs_follow_the_weights_and_change_per_epoch(two_corpus_data,
         [two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    epochs = blend_records(result.stdout)
+    epochs = parse_log(result.stdout, "blend")
     assert [(r["train_samples"], r["train1_samples"]) for r in epochs] == [(300, 100), (300, 100)]
     # train1 has 80 pairs for 100 slots: repeated; its token count is logged too
     assert all(r["train1_tokens"] > 0 for r in epochs)
@@ -47,7 +41,7 @@ def test_temperature_sampling_and_bad_weights(two_corpus_data, tmp_path):
         ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (record,) = blend_records(result.stdout)
+    (record,) = parse_log(result.stdout, "blend")
     # T -> infinity flattens the weights: both corpora get about half of the 580 slots
     assert abs(record["train_samples"] - record["train1_samples"]) < 30
     bad = run_subprocess(
@@ -81,7 +75,9 @@ def test_two_ranks_train_on_the_same_blend_each_building_half(two_corpus_data, t
         [two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)], torchrun_procs=2
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [(r["train_samples"], r["train1_samples"]) for r in blend_records(result.stdout)] == [
+    assert [
+        (r["train_samples"], r["train1_samples"]) for r in parse_log(result.stdout, "blend")
+    ] == [
         (300, 100),
         (300, 100),
     ]
@@ -113,7 +109,7 @@ def test_a_split_of_another_dataset_blends_by_dir_and_split(two_corpus_data, tmp
         [two_corpus_data, *train_command(two_corpus_data, tmp_path / "ck", *args)]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (record,) = blend_records(result.stdout)
+    (record,) = parse_log(result.stdout, "blend")
     assert (record["train_samples"], record[f"{other}_samples"]) == (300, 100)
     assert parse_log(result.stdout)[-1]["epoch"] == 1
     # another vocabulary (trained on the small corpus alone)

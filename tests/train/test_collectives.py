@@ -10,8 +10,7 @@ import torch
 
 from nmt.train.step import UpdateStep
 
-from ..helpers import run_torchrun
-from .conftest import parse_log, train_command
+from ..helpers import parse_log, run_torchrun, train_command
 from .test_trainer import make_trainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

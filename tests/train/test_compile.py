@@ -115,7 +115,7 @@ def test_compiled_packed_training_has_zero_recompiles_and_the_eager_losses(
 
     from nmt.train.compile import compiled_frames
 
-    from .conftest import parse_log, run_subprocess, train_command
+    from ..helpers import parse_log, run_subprocess, train_command
 
     args = ["--layout", "packed", "--max-update", "8", "--dropout", "0", "--length-multiple", "16"]
     eager = run_subprocess([tiny_data, *train_command(tiny_data, tmp_path / "eager", *args)])

@@ -8,8 +8,7 @@ import torch
 
 from nmt.checkpoint_io import load_checkpoint
 
-from ..helpers import tiny_corpus, tiny_dataset
-from .conftest import TINY_MODEL_FLAGS, run_subprocess
+from ..helpers import TINY_MODEL_FLAGS, run_subprocess, tiny_corpus, tiny_dataset
 from .test_trainer import make_trainer
 
 # fairseq's IWSLT'14 de-en recipe (examples/translation/README.md), as a user pastes it.

@@ -13,8 +13,14 @@ import pytest
 
 from nmt.checkpoint_io import load_checkpoint
 
-from ..helpers import process_group, tiny_corpus, tiny_dataset
-from .conftest import parse_log, run_subprocess, train_command
+from ..helpers import (
+    parse_log,
+    process_group,
+    run_subprocess,
+    tiny_corpus,
+    tiny_dataset,
+    train_command,
+)
 
 
 def assert_one_line_error(result, *fragments):

@@ -12,7 +12,7 @@ from nmt.data import ParallelCorpus, load_manifest
 from nmt.data.difficulty import SCORE_CHUNK
 from nmt.train.difficulty import checkpoint_scorer
 
-from .conftest import parse_log, run_subprocess, train_command
+from ..helpers import parse_log, run_subprocess, train_command
 
 
 def expected_difficulty(data_dir, checkpoint):

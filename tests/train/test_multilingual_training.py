@@ -1,13 +1,12 @@
 """nmt-train on a multilingual dataset: validation per direction and their mean (what
 checkpoint_best.pt follows), the tag placement recorded in the checkpoint."""
 
-import json
 import math
 
 import pytest
 import torch
 
-from ..helpers import MULTI_PAIRS, train_multilingual
+from ..helpers import MULTI_PAIRS, parse_log, train_multilingual
 
 
 @pytest.mark.parametrize("placement", ["encoder", "decoder"])
@@ -25,15 +24,14 @@ def test_validation_per_direction_and_mean(multi_data, tmp_path, placement):
         "2",
         updates=20,
     )
-    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    valid = [r for r in records if r["kind"] == "valid"][-1]
+    valid = parse_log(result.stdout, "valid")[-1]
     pairs = MULTI_PAIRS.split(",")
     for metric in ("loss", "bleu"):
         per_direction = [valid[f"{pair}_{metric}"] for pair in pairs]
         assert valid[f"valid_{metric}"] == pytest.approx(sum(per_direction) / len(pairs))
     assert len({valid[f"{pair}_loss"] for pair in pairs}) > 1  # measured apart, not one number
     assert math.isfinite(valid["valid_loss"])
-    blend = [r for r in records if r["kind"] == "blend"][0]
+    blend = parse_log(result.stdout, "blend")[0]
     assert {f"train.{pair}_samples" for pair in pairs} <= set(blend)
     state = torch.load(tmp_path / "ck" / "checkpoint_best.pt", weights_only=True)
     assert state["vocab"]["lang_tok"] == placement
@@ -54,7 +52,7 @@ def test_resume_keeps_the_upsampled_directions_or_refuses(multi_data, tmp_path):
 
     upsampled = ("--upsample-directions", "en-de:2")
     first = train_multilingual(multi_data, tmp_path / "ck", *upsampled, updates=2)
-    blend = [json.loads(line) for line in first.stdout.splitlines() if '"blend"' in line][0]
+    blend = parse_log(first.stdout, "blend")[0]
     assert blend["train.en-de_samples"] == 2 * blend["train.de-en_samples"]
     other = train_multilingual(
         multi_data, tmp_path / "ck", "--upsample-directions", "en-de:3", updates=4, check=False

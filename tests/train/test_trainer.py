@@ -12,8 +12,14 @@ import torch
 from nmt.checkpoint_io import load_checkpoint
 from nmt.data.plan import Update, micro_seed
 
-from ..helpers import descendants, free_port, process_group
-from .conftest import parse_log, run_subprocess, train_command
+from ..helpers import (
+    descendants,
+    free_port,
+    parse_log,
+    process_group,
+    run_subprocess,
+    train_command,
+)
 
 
 def losses(records):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import parse_log, run_subprocess, train_command
+from ..helpers import parse_log, run_subprocess, train_command
 from .test_trainer import make_trainer, update_of
 
 

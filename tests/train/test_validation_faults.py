@@ -8,8 +8,7 @@ import pytest
 
 from nmt.train.validate import perplexity
 
-from ..helpers import tiny_corpus, tiny_dataset, write_corpus
-from .conftest import run_subprocess, train_command
+from ..helpers import run_subprocess, tiny_corpus, tiny_dataset, train_command, write_corpus
 
 
 @pytest.fixture(scope="module")
