@@ -18,6 +18,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,6 +66,74 @@ def term_success(
     )
 
 
+SEARCHES = ("plain", "constrained")
+HEADER = (
+    f"{'search':<12} {'sent/s':>8} {'ratio':>6} {'terms %':>8} {'all-terms sent %':>17} "
+    f"{'BLEU':>6} {'chrF2':>6}"
+)
+
+
+@dataclass
+class Comparison:
+    """The plain and the constrained beam on one split: outputs, timed runs and the figures."""
+
+    constraints: list[list[str]]
+    outputs: dict[str, list[str]]
+    times: dict[str, list[float]]
+    figures: dict[str, dict[str, float]]  # per search: sent_per_s, ratio, terms, ..., bleu, chrf2
+
+    def lines(self) -> list[str]:
+        """The table's rows, one per search."""
+        return [
+            f"{name:<12} {f['sent_per_s']:>8.1f} {f['ratio']:>6.2f} {f['terms']:>8.1f} "
+            f"{f['all_terms_sentences']:>17.1f} {f['bleu']:>6.2f} {f['chrf2']:>6.2f}"
+            for name, f in self.figures.items()
+        ]
+
+
+def compare(
+    translator: Translator,
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    seed: int,
+    repeats: int,
+    **options: int,
+) -> Comparison:
+    """Draw the constraints from the misses of the plain beam (also the warm-up), then time both
+    searches, alternating, ``repeats`` times each (the best time counts) and score them."""
+
+    def decode(constraints: list[list[str]] | None) -> tuple[list[str], float]:
+        pieces = None if constraints is None else translator.encode_constraints(constraints)
+        started = time.perf_counter()
+        found = translator.generate(list(sources), constraints=pieces, **options)
+        elapsed = time.perf_counter() - started
+        return [nbest[0].text for nbest in translator.detokenize(found)], elapsed
+
+    plain, _ = decode(None)
+    constraints = draw_constraints(references, plain, seed=seed)
+    times: dict[str, list[float]] = {name: [] for name in SEARCHES}
+    outputs = {"plain": plain}
+    for _ in range(repeats):
+        for name in SEARCHES:
+            outputs[name], elapsed = decode(None if name == "plain" else constraints)
+            times[name].append(elapsed)
+    figures = {}
+    for name in SEARCHES:
+        bleu, chrf = translator.score(outputs[name], references)[:2]
+        phrases, sentences = term_success(outputs[name], constraints)
+        speed = len(sources) / min(times[name])
+        figures[name] = {
+            "sent_per_s": speed,
+            "ratio": speed / figures["plain"]["sent_per_s"] if figures else 1.0,
+            "terms": phrases,
+            "all_terms_sentences": sentences,
+            "bleu": bleu.score,
+            "chrf2": chrf.score,
+        }
+    return Comparison(constraints, outputs, times, figures)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", default="runs/ckpt/checkpoint_best.pt")
@@ -89,52 +158,29 @@ def main() -> None:
     references = read_references(
         split.reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
     )
-    options = dict(beam=args.beam, batch_size=args.batch_size)
-
-    def decode(constraints: list[list[str]] | None) -> tuple[list[str], float]:
-        pieces = None if constraints is None else translator.encode_constraints(constraints)
-        started = time.perf_counter()
-        found = translator.generate(split.sources, constraints=pieces, **options)
-        elapsed = time.perf_counter() - started
-        return [nbest[0].text for nbest in translator.detokenize(found)], elapsed
-
-    plain, _ = decode(None)  # also the warm-up
-    constraints = draw_constraints(references, plain, seed=args.seed)
-    times: dict[str, list[float]] = {"plain": [], "constrained": []}
-    outputs = {"plain": plain}
-    for _ in range(args.repeats):
-        outputs["plain"], elapsed = decode(None)
-        times["plain"].append(elapsed)
-        outputs["constrained"], elapsed = decode(constraints)
-        times["constrained"].append(elapsed)
-
+    result = compare(
+        translator,
+        split.sources,
+        references,
+        seed=args.seed,
+        repeats=args.repeats,
+        beam=args.beam,
+        batch_size=args.batch_size,
+    )
     num = len(split.sources)
-    num_phrases = sum(map(len, constraints))
     print(
-        f"{args.path} on {args.data} {args.split}: {num} sentences, {num_phrases} constraint phrases "
-        f"on {sum(1 for c in constraints if c)} of them (seed {args.seed}); beam {args.beam}, batch "
-        f"{args.batch_size}, {args.device}, torch threads {torch.get_num_threads()}, "
+        f"{args.path} on {args.data} {args.split}: {num} sentences, "
+        f"{sum(map(len, result.constraints))} constraint phrases on "
+        f"{sum(1 for c in result.constraints if c)} of them (seed {args.seed}); beam {args.beam}, "
+        f"batch {args.batch_size}, {args.device}, torch threads {torch.get_num_threads()}, "
         f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, best of {args.repeats}"
     )
-    rows = []
-    for name in ("plain", "constrained"):
-        bleu, chrf = translator.score(outputs[name], references)[:2]
-        phrases, sentences = term_success(outputs[name], constraints)
-        rows.append((name, num / min(times[name]), phrases, sentences, bleu.score, chrf.score))
-    print(
-        f"{'search':<12} {'sent/s':>8} {'ratio':>6} {'terms %':>8} {'all-terms sent %':>17} "
-        f"{'BLEU':>6} {'chrF2':>6}"
-    )
-    for name, speed, phrases, sentences, bleu, chrf in rows:
-        print(
-            f"{name:<12} {speed:>8.1f} {speed / rows[0][1]:>6.2f} {phrases:>8.1f} {sentences:>17.1f} "
-            f"{bleu:>6.2f} {chrf:>6.2f}"
-        )
-    for result in translator.score(outputs["plain"], references)[:2]:
-        print(f"  {result.name}: {result.signature}")
-    print(
-        f"  times (s): plain {np.round(times['plain'], 3).tolist()}, constrained {np.round(times['constrained'], 3).tolist()}"
-    )
+    print(HEADER)
+    print("\n".join(result.lines()))
+    for score in translator.score(result.outputs["plain"], references)[:2]:
+        print(f"  {score.name}: {score.signature}")
+    times = {name: np.round(t, 3).tolist() for name, t in result.times.items()}
+    print(f"  times (s): plain {times['plain']}, constrained {times['constrained']}")
 
 
 if __name__ == "__main__":
