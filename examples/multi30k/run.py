@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
 
     def run() -> None:
-        from nmt.results import write_results
+        from nmt.plot import read_curves
+        from nmt.results import BY_UPDATE, expected_line, write_results
 
         recipe.run_steps(args.out, steps(args))
         hypotheses = os.path.join(args.out, "test.hyp.de")
@@ -128,9 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         utilisation = (times.user + times.system) / wall / cores
         updates = recipe.num_updates(os.path.join(args.out, "ckpt", "checkpoint_last.pt"))
         results = os.path.join(args.out, "results.json")
+        # Greedy val BLEU per update does not depend on the machine's speed, the minutes do.
+        curve = read_curves(os.path.join(args.out, "tensorboard")).get("valid BLEU")
+        points = zip(curve.updates, curve.values) if curve else []
+        by_update = [{"updates": int(u), "valid_bleu": round(float(v), 2)} for u, v in points]
         write_results(
             results,
-            figures={**found, "updates": updates, "cpu_utilisation": round(utilisation, 3)},
+            figures={
+                **found,
+                "updates": updates,
+                "cpu_utilisation": round(utilisation, 3),
+                BY_UPDATE: by_update,
+            },
             hypotheses={"test2016": hypotheses},
         )
         print(
@@ -138,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             f"cores; test2016 after {updates} updates: BLEU {found['bleu']:.2f}, chrF2 "
             f"{found['chrf']:.2f} ({results})"
         )
+        if by_update:
+            last = by_update[-1]
+            published = str(ROOT / "results" / "multi30k.json")
+            print(
+                f"{PROG}: greedy val BLEU {last['valid_bleu']:.2f} after {last['updates']} updates; "
+                + expected_line(published, last["updates"], "valid_bleu")
+            )
 
     return recipe.run_recipe(PROG, run)
 
