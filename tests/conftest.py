@@ -6,6 +6,7 @@ import pytest
 from .helpers import (  # noqa: F401  (the names after MULTI_PAIRS: until their importers use helpers)
     MULTI_PAIRS,
     MULTI_WORDS,
+    REVERSAL_PAIRS,
     TINY_MODEL_FLAGS,
     make_tiny,
     multiway_dataset,
@@ -25,7 +26,7 @@ from .helpers import (  # noqa: F401  (the names after MULTI_PAIRS: until their 
 def tiny_data(tmp_path_factory):
     """A preprocessed toy corpus (reversal 'translation'), 600 training pairs, vocab ~60."""
     root = tmp_path_factory.mktemp("tiny")
-    tiny_corpus(root, {"train": (600, 0), "valid": (40, 1)}, reverse=True)
+    tiny_corpus(root, {"train": (600, 0), "valid": (40, 1)}, **REVERSAL_PAIRS)
     return tiny_dataset(root)
 
 
@@ -33,7 +34,7 @@ def tiny_data(tmp_path_factory):
 def two_corpus_data(tmp_path_factory):
     """Two training corpora (train: 500 pairs, train1: 80 pairs) sharing one SentencePiece model."""
     root = tmp_path_factory.mktemp("two")
-    tiny_corpus(root, {"big": (500, 10), "small": (80, 11), "valid": (30, 12)}, reverse=True)
+    tiny_corpus(root, {"big": (500, 10), "small": (80, 11), "valid": (30, 12)}, **REVERSAL_PAIRS)
     return tiny_dataset(root, train=["big", "small"])
 
 
@@ -42,8 +43,8 @@ def long_valid_data(tmp_path_factory):
     """200 training pairs and 10 validation pairs, the 4th of them 200 words long on each side
     (longer than the positions the tests give the model)."""
     root = tmp_path_factory.mktemp("long-valid")
-    tiny_corpus(root, {"train": (200, 1)}, reverse=True)
-    src, tgt = random_pairs(10, seed=2, reverse=True)
+    tiny_corpus(root, {"train": (200, 1)}, **REVERSAL_PAIRS)
+    src, tgt = random_pairs(10, seed=2, **REVERSAL_PAIRS)
     src[3], tgt[3] = " ".join(["dog"] * 200), " ".join(["hund"] * 200)
     write_corpus(root, "valid", src, tgt)
     return tiny_dataset(root)

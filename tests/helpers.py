@@ -47,13 +47,15 @@ MULTI_PAIRS = "en-de,de-en,en-fr,fr-en"
 # The sentences the tiny model (`tiny`) learned to translate: 2 to 9 of the first 18 words.
 TINY_MODEL_WORDS = 18
 TINY_MODEL_PAIRS = {"lengths": (2, 9), "num_words": TINY_MODEL_WORDS}
+# The training tests' task (`tiny_data`): 2 to 14 words, the German in the reverse order.
+REVERSAL_PAIRS = {"lengths": (2, 14), "reverse": True}
 
 
 def random_pairs(
     count: int,
     *,
     seed: int,
-    lengths: tuple[int, int] = (2, 14),
+    lengths: tuple[int, int] = (3, 12),
     reverse: bool = False,
     num_words: int = len(WORDS),
 ) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ import torch
 
 from nmt.checkpoint_io import load_checkpoint
 
-from ..helpers import TINY_MODEL_FLAGS, run_subprocess, tiny_corpus, tiny_dataset
+from ..helpers import REVERSAL_PAIRS, TINY_MODEL_FLAGS, run_subprocess, tiny_corpus, tiny_dataset
 from .test_trainer import make_trainer
 
 # fairseq's IWSLT'14 de-en recipe (examples/translation/README.md), as a user pastes it.
@@ -69,7 +69,7 @@ def fairseq_data(tmp_path_factory):
     costs seconds per thousand tokens on 2 cores (tiny_data's 600 pairs took 30 s), and BLEU
     validation decodes every validation pair to 1.2x its length + 10 with beam 5."""
     root = tmp_path_factory.mktemp("fairseq")
-    tiny_corpus(root, {"train": (60, 30), "valid": (4, 31)}, reverse=True)
+    tiny_corpus(root, {"train": (60, 30), "valid": (4, 31)}, **REVERSAL_PAIRS)
     return tiny_dataset(root)
 
 

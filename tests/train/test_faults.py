@@ -14,6 +14,7 @@ import pytest
 from nmt.checkpoint_io import load_checkpoint
 
 from ..helpers import (
+    REVERSAL_PAIRS,
     parse_log,
     process_group,
     run_subprocess,
@@ -353,7 +354,7 @@ def test_stop_time_hours_counts_the_time_of_the_runs_it_resumed(tiny_data, tmp_p
 
 
 def test_a_vocabulary_per_language_is_never_shared(tmp_path):
-    tiny_corpus(tmp_path, {"train": (300, 5)}, reverse=True)
+    tiny_corpus(tmp_path, {"train": (300, 5)}, **REVERSAL_PAIRS)
     separate = tiny_dataset(tmp_path, valid=(), separate_vocab=True)
     # Same vocabulary sizes, other pieces: sharing them would pass every size check and train nonsense.
     assert_one_line_error(

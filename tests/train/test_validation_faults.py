@@ -8,13 +8,20 @@ import pytest
 
 from nmt.train.validate import perplexity
 
-from ..helpers import run_subprocess, tiny_corpus, tiny_dataset, train_command, write_corpus
+from ..helpers import (
+    REVERSAL_PAIRS,
+    run_subprocess,
+    tiny_corpus,
+    tiny_dataset,
+    train_command,
+    write_corpus,
+)
 
 
 @pytest.fixture(scope="module")
 def empty_valid_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("emptyvalid")
-    tiny_corpus(root, {"train": (200, 5)}, reverse=True)
+    tiny_corpus(root, {"train": (200, 5)}, **REVERSAL_PAIRS)
     write_corpus(root, "valid", [], [])
     return tiny_dataset(root)
 
@@ -22,7 +29,7 @@ def empty_valid_data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def no_valid_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("novalid")
-    tiny_corpus(root, {"train": (200, 6)}, reverse=True)
+    tiny_corpus(root, {"train": (200, 6)}, **REVERSAL_PAIRS)
     return tiny_dataset(root, valid=())
 
 
