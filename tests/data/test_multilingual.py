@@ -18,7 +18,7 @@ from nmt.data.preprocess import preprocess
 from nmt.data.spm import SentencePieceModel, language_tag
 from nmt_cli.preprocess import main as preprocess_main
 
-from ..conftest import MULTI_PAIRS, run_torchrun, write_multiway
+from ..helpers import MULTI_PAIRS, run_torchrun, write_multiway
 
 
 def test_each_language_side_is_encoded_once(multi_data):
