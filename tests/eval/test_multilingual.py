@@ -10,7 +10,7 @@ import pytest
 from nmt.eval.translate import Translator
 from nmt_cli.eval import main as eval_main
 
-from ..conftest import MULTI_PAIRS, MULTI_WORDS
+from ..helpers import MULTI_PAIRS, MULTI_WORDS
 
 SENTENCES = ["the dog runs on the mat", "a big red ball", "the old man sits"]
 
