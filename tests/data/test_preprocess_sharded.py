@@ -14,7 +14,7 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.preprocess import preprocess
 
-from ..conftest import TINY_MODEL_FLAGS, run_forked, run_torchrun
+from ..helpers import TINY_MODEL_FLAGS, run_forked, run_torchrun
 
 # --import-mode=importlib keeps test folders off sys.path
 sys.path.insert(0, os.path.dirname(__file__))
