@@ -3,22 +3,16 @@ tiny trained model shared by the eval and deploy tests, each built once from tes
 
 import pytest
 
-from .helpers import (  # noqa: F401  (the names after MULTI_PAIRS: until their importers use helpers)
-    MULTI_PAIRS,
-    MULTI_WORDS,
+from .helpers import (
     REVERSAL_PAIRS,
-    TINY_MODEL_FLAGS,
     make_tiny,
     multiway_dataset,
     one_thread,
     random_pairs,
-    run_forked,
-    run_torchrun,
     tiny_corpus,
     tiny_dataset,
     train_multilingual,
     write_corpus,
-    write_multiway,
 )
 
 
