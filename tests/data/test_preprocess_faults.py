@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint_io import FORMAT, VERSION, atomic_torch_save, bytes_to_tensor
-from nmt.config import ModelConfig, to_dict
 from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest
-from nmt.data.spm import SPECIAL_IDS
 from nmt.model import build_model
 from nmt_cli.eval import main as eval_main
 from nmt_cli.preprocess import main as preprocess_main
+
+from ..helpers import tiny_checkpoint, tiny_model_config
 
 # --import-mode=importlib keeps test folders off sys.path
 sys.path.insert(0, os.path.dirname(__file__))
@@ -166,36 +165,12 @@ def test_the_final_rename_checks_again(corpus, monkeypatch, capsys):
 def random_checkpoint(data_dir, path):
     """An untrained model saved the way the trainer saves one (nmt-eval needs a checkpoint, not a good one)."""
     manifest = load_manifest(str(data_dir))
-    cfg = ModelConfig(
-        src_vocab_size=manifest.spm.src_vocab_size,
-        tgt_vocab_size=manifest.spm.tgt_vocab_size,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_embed_dim=16,
-        decoder_embed_dim=16,
-        encoder_ffn_embed_dim=16,
-        decoder_ffn_embed_dim=16,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        max_target_positions=64,
+    cfg = tiny_model_config(
+        manifest.spm.src_vocab_size, layers=1, dim=16, ffn=16, heads=2, max_target_positions=64
     )
     torch.manual_seed(0)
     proto = (data_dir / manifest.spm.src_model).read_bytes()
-    state = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": build_model(cfg).state_dict(),
-        "model_config": to_dict(cfg),
-        "vocab": {
-            "source_lang": "en",
-            "target_lang": "de",
-            "special_ids": dict(SPECIAL_IDS),
-            "src_spm": bytes_to_tensor(proto),
-            "tgt_spm": bytes_to_tensor(proto),
-        },
-    }
-    atomic_torch_save(state, str(path))
-    return str(path)
+    return tiny_checkpoint(build_model(cfg), path, spm_proto=proto)
 
 
 def test_a_moved_dataset_scores_without_its_raw_text(corpus, tmp_path_factory, capsys):
