@@ -20,9 +20,7 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, port: int, results: dict) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1"
-    )
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     with dist.session("cpu", timeout_minutes=1) as this_process:
         total = dist.all_reduce_sum(torch.tensor([rank + 1]))
