@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import io
+import functools
 import os
 import shutil
-import sys
 
 import pytest
 
 from nmt_cli.eval import main
 
+from ..helpers import run_cli
 
-def run(argv, *, capsys, stdin: bytes | None = None, monkeypatch=None):
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+run = functools.partial(run_cli, main)
 
 
 def test_split_mode_writes_hypotheses_in_order_and_scores(tiny, tmp_path, capsys) -> None:
