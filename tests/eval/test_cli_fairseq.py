@@ -3,6 +3,7 @@ fairseq's flag spellings, streaming stdin, and references that do not match the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -22,11 +23,9 @@ from nmt.data.spm import BOS_ID, EOS_ID
 from nmt.eval import Translator
 from nmt_cli.eval import build_parser, main
 
+from ..helpers import run_cli
 
-def run(argv, *, capsys):
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+run = functools.partial(run_cli, main)
 
 
 def read(path) -> list[str]:
