@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
+import functools
 import itertools
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from nmt.eval.constraints import dynamic_beam_order
 from nmt.eval.ensemble import Ensemble
 from nmt_cli.eval import main
 
-from ..helpers import TINY_MODEL_WORDS, WORTE
+from ..helpers import TINY_MODEL_WORDS, WORTE, run_cli
 from .test_search import VOCAB, padded, random_model, teacher_forced_scores
 
 
@@ -225,11 +224,7 @@ def test_api_errors(tiny) -> None:
         translator.translate(["a"], constraints=["x"])
 
 
-def run(argv, *, capsys, monkeypatch, stdin: bytes):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+run = functools.partial(run_cli, main)
 
 
 def test_cli_reads_constraints_after_tabs(tiny, capsys, monkeypatch) -> None:
