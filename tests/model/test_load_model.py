@@ -12,19 +12,10 @@ import torch
 from nmt.config import ModelConfig, to_dict
 from nmt.model import build_model, load_model
 
-CFG = ModelConfig(
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_embed_dim=16,
-    decoder_embed_dim=16,
-    encoder_ffn_embed_dim=32,
-    decoder_ffn_embed_dim=32,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    src_vocab_size=40,
-    tgt_vocab_size=40,
-    attention="varlen",  # a GPU training kernel: the loaded model must still run on this CPU
-)
+from ..helpers import tiny_model_config
+
+# attention: a GPU training kernel, the loaded model must still run on this CPU
+CFG = tiny_model_config(40, layers=1, dim=16, heads=2, attention="varlen")
 
 
 def _state(cfg: ModelConfig = CFG, **extra: object) -> dict:
