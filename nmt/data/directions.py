@@ -65,18 +65,20 @@ def open_directions(
         for pair, name in splits.items()
     }
     if check_token_ids and corpora:
+        # A --separate-vocab dataset's two sides have vocabularies of their own sizes.
         sides = {
-            side.prefix: side
+            side.prefix: (side, vocab)
             for corpus in corpora.values()
             for part in corpus.entry.parts
-            for side in (part.src, part.tgt)
+            for side, vocab in (
+                (part.src, manifest.spm.src_vocab_size),
+                (part.tgt, manifest.spm.tgt_vocab_size),
+            )
         }
-        vocab = manifest.spm.src_vocab_size
 
         def check(prefix: str) -> None:
-            ParallelCorpus._check_token_ids(
-                IndexedDataset(manifest.path(prefix)), sides[prefix], vocab
-            )
+            side, vocab = sides[prefix]
+            ParallelCorpus._check_token_ids(IndexedDataset(manifest.path(prefix)), side, vocab)
 
         with concurrent.futures.ThreadPoolExecutor(min(len(sides), os.cpu_count() or 1)) as pool:
             list(pool.map(check, sorted(sides)))
