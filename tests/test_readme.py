@@ -49,22 +49,13 @@ def test_every_command_formats_its_help() -> None:
     assert "% of outputs" in helps["nmt-eval"]
 
 
-def recipe_options():
-    """The options the recipes (examples/*/run.sh) parse: their `case` patterns."""
+def script_options():
+    """The options of the recipes (examples/*/run.py) and of the benchmark scripts README quotes
+    figures from."""
+    scripts = [*(ROOT / "examples").glob("*/run.py"), *(ROOT / "benchmarks").glob("*.py")]
     return {
         flag
-        for path in (ROOT / "examples").glob("*/run.sh")
-        for flag in re.findall(
-            r"^\s*(--[a-z0-9-]+)\)", path.read_text(encoding="utf-8"), flags=re.M
-        )
-    }
-
-
-def benchmark_options():
-    """The options of the benchmark scripts README quotes figures from."""
-    return {
-        flag
-        for path in (ROOT / "benchmarks").glob("*.py")
+        for path in scripts
         for flag in re.findall(
             r"add_argument\(\s*\"(--[a-z0-9-]+)\"", path.read_text(encoding="utf-8")
         )
@@ -76,7 +67,7 @@ def test_every_documented_flag_exists():
     documented = (
         set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9_-]*", readme)) - TORCHRUN_FLAGS - RUFF_FLAGS
     )
-    missing = sorted(documented - parser_options() - recipe_options() - benchmark_options())
+    missing = sorted(documented - parser_options() - script_options())
     assert not missing, f"README documents flags no command has: {missing}"
 
 
