@@ -74,4 +74,4 @@ def test_type_a_sentence_press_translate_read_the_result(tiny, tmp_path, browser
         browser.find_element(By.ID, "translate").click()
         status = browser.find_element(By.ID, "status")
         WebDriverWait(browser, 60).until(lambda _: status.text.startswith("error:"))
-        assert "translates en -> de" in status.text
+        assert "direction en-fr: not in the model (it has en-de)" in status.text

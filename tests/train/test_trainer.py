@@ -35,7 +35,8 @@ def test_tiny_model_trains_and_loss_falls(tiny_data, tmp_path):
     assert [r["update"] for r in records] == list(range(1, 41))
     for key in ("update", "epoch", "loss", "lr", "ntokens", "nsentences", "wps"):
         assert key in records[0]
-    assert losses(records)[-5:].mean() < 0.7 * losses(records)[:5].mean()
+    # A broken update stays near the first losses (6.6 here); 40 updates of a working one reach ~4.9.
+    assert losses(records)[-5:].mean() < 0.8 * losses(records)[:5].mean()
     state = load_checkpoint(str(tmp_path / "ck" / "checkpoint_last.pt"))
     assert state["num_updates"] == 40 and state["model_config"]["encoder_embed_dim"] == 32
 
