@@ -122,7 +122,7 @@ def test_the_recipe_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
     for args, message in (
         (
             ["--minutes", "nan"],
-            "argument --minutes: must be a positive number of minutes, got 'nan'",
+            "argument --minutes: must be a positive number, not 'nan'",
         ),
         (["--average-last", "0"], "--average-last: must be >= 1, got 0"),
         (["--data", str(tmp_path)], f"--data {tmp_path}: no manifest.json there"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import re
@@ -24,6 +23,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from nmt.recipe import positive_minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "data" / "multi30k"
@@ -48,16 +49,6 @@ TRAIN_FLAGS = [
     *("--save-interval-updates", "200", "--keep-interval-updates", "5", "--no-epoch-checkpoints"),
     *("--validate-interval", "2", "--log-interval", "100", "--no-progress-bar"),
 ]
-
-
-def positive_minutes(text: str) -> float:
-    try:
-        minutes = float(text)
-    except ValueError:
-        minutes = math.nan
-    if not (math.isfinite(minutes) and minutes > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text!r}")
-    return minutes
 
 
 def build_parser() -> argparse.ArgumentParser:
