@@ -4,6 +4,7 @@
     translator.translate(["A man is riding a bike."], beam=5)   # -> ["Ein Mann fährt Fahrrad."]
     translator.translate("A man is riding a bike.")             # one sentence -> one str
     translator.translate("A man is riding a bike.", constraints=["Rad"])  # lexical constraints
+    translator.translate("A man is riding a bike.", constraints=["Rad"], constraints_mode="annotate")
     translator.translate("A man is riding a bike.", glossary={"bike": "Rad"})  # terms (nmt.data.terminology)
     translator.score(hypotheses, references)                    # -> [BLEU, chrF2] with signatures
     Translator.from_checkpoint(["a.pt", "b.pt"])                 # an ensemble (mean of probabilities)
@@ -272,6 +273,7 @@ class Translator:
         target_lang: str | None = None,
         constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
         ordered_constraints: bool = False,
+        constraints_mode: str = "constrain",
         glossary: Glossary | Mapping[str, str] | None = None,
         glossary_mode: str = "annotate",
         **options: Any,
@@ -281,6 +283,8 @@ class Translator:
 
         ``constraints``: per line, phrases its translation must contain (given one ``str`` line:
         its phrases); ``ordered_constraints``: in that order (``nmt.eval.constraints``).
+        ``constraints_mode``: ``constrain`` (the beam search), ``annotate`` (the phrases after
+        ``<term>``, as --term-annotation-rate trains: any decoder) or ``both``.
         ``glossary``: source term -> target term, applied to each line where its source term
         occurs (``apply_terms`` says how ``glossary_mode`` applies it)."""
         sentences, single = _sentences(lines)
@@ -293,6 +297,7 @@ class Translator:
                 target_lang=target_lang,
                 constraints=constraints,
                 ordered_constraints=ordered_constraints,
+                constraints_mode=constraints_mode,
                 glossary=glossary,
                 glossary_mode=glossary_mode,
                 **options,
@@ -309,6 +314,7 @@ class Translator:
         target_lang: str | None = None,
         constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
         ordered_constraints: bool = False,
+        constraints_mode: str = "constrain",
         glossary: Glossary | Mapping[str, str] | None = None,
         glossary_mode: str = "annotate",
         **options: Any,
@@ -318,11 +324,14 @@ class Translator:
         sentences, single = _sentences(lines)
         direction = self.direction(source_lang, target_lang)
         sources = self.encode(sentences, direction=direction)
-        phrases = (
-            None
-            if constraints is None
-            else self.encode_constraints([constraints] if single else constraints)
-        )
+        phrases = None
+        if constraints is not None:
+            lines_phrases = [constraints] if single else constraints
+            phrases = self.encode_constraints(lines_phrases)  # also checks each phrase
+            if constraints_mode != "constrain":
+                sources, phrases = self.apply_target_terms(
+                    sources, lines_phrases, mode=constraints_mode, what="constraints"
+                )
         if glossary is not None:
             found = Glossary(glossary) if not isinstance(glossary, Glossary) else glossary
             sources, phrases = self.apply_terms(
@@ -371,7 +380,7 @@ class Translator:
             raise ValueError(
                 f"{option} {mode}: this model's vocabulary has no {TERM_TAG} tag (its data was "
                 "preprocessed by an older nmt), so it cannot read annotated terms; apply the "
-                "glossary as constraints (mode constrain) instead"
+                "terms as constraints (mode constrain) instead"
             )
         if mode != "annotate":
             self.check_constraints(option=f"{option} {mode}")
@@ -389,10 +398,27 @@ class Translator:
         ``<term>`` tag (a model trained with --term-annotation-rate follows them, in any decoder);
         ``constrain``: as lexical constraints (beam search, PyTorch only), added to
         ``constraints``; ``both``. Returns the sources and the constraints (None if none)."""
-        self.check_glossary_mode(mode)
-        if len(terms) != len(sources):
-            raise ValueError(f"glossary: {len(terms)} term lists for {len(sources)} sentences")
-        targets = [[target for _, target in found] for found in terms]
+        return self.apply_target_terms(
+            sources,
+            [[target for _, target in found] for found in terms],
+            mode=mode,
+            constraints=constraints,
+        )
+
+    def apply_target_terms(
+        self,
+        sources: Sequence[np.ndarray],
+        targets: Sequence[Sequence[str]],
+        *,
+        mode: str = "annotate",
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+        what: str = "glossary",
+    ) -> tuple[list[np.ndarray], list[list[list[int]]] | None]:
+        """``apply_terms`` given each sentence's target terms alone (``translate``'s constraints,
+        the terms a benchmark draws from references); errors name ``what``."""
+        self.check_glossary_mode(mode, option=f"{what} mode")
+        if len(targets) != len(sources):
+            raise ValueError(f"{what}: {len(targets)} term lists for {len(sources)} sentences")
         annotated = list(sources)
         if mode != "constrain":
             tag = self.src_spm.tags[TERM_TAG]

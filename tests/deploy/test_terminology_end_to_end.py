@@ -81,9 +81,9 @@ def expected_source(translator: Translator, sentence: str, term: str) -> list[in
     return spm.encode([sentence])[0] + [spm.tags[TERM_TAG], *spm.encode([term])[0], EOS_ID]
 
 
-def test_a_glossary_reaches_the_pytorch_model_annotated(trained, monkeypatch) -> None:
-    translator = Translator.from_checkpoint(trained[0])
-    reached = []
+def spy_on_pytorch_search(translator: Translator, monkeypatch) -> list[list[int]]:
+    """The source ids each batch brings to the PyTorch search, filled as it runs."""
+    reached: list[list[int]] = []
     searcher = translator.backend.searcher
 
     def spying_searcher(cfg, **options):
@@ -96,6 +96,25 @@ def test_a_glossary_reaches_the_pytorch_model_annotated(trained, monkeypatch) ->
         return spy
 
     monkeypatch.setattr(translator.backend, "searcher", spying_searcher)
+    return reached
+
+
+def spy_on_ctranslate2_search(translator: Translator, monkeypatch) -> list[list[str]]:
+    """The source pieces each batch brings to CTranslate2's translate_batch, filled as it runs."""
+    reached: list[list[str]] = []
+    search = translator.backend._search
+
+    def spy(tokens, *args, **kwargs):
+        reached.extend(tokens)
+        return search(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(translator.backend, "_search", spy)
+    return reached
+
+
+def test_a_glossary_reaches_the_pytorch_model_annotated(trained, monkeypatch) -> None:
+    translator = Translator.from_checkpoint(trained[0])
+    reached = spy_on_pytorch_search(translator, monkeypatch)
     tag = translator.src_spm.tags[TERM_TAG]
     translator.translate(["a red dog", "the cat"])
     assert reached and not any(tag in source for source in reached)
@@ -118,14 +137,7 @@ def test_a_glossary_reaches_the_ctranslate2_export_annotated(
 
     export_ctranslate2([trained[0]], str(tmp_path / "ct2"))
     translator = Translator.from_checkpoint(str(tmp_path / "ct2"))
-    reached = []
-    search = translator.backend._search
-
-    def spy(tokens, *args, **kwargs):
-        reached.extend(tokens)
-        return search(tokens, *args, **kwargs)
-
-    monkeypatch.setattr(translator.backend, "_search", spy)
+    reached = spy_on_ctranslate2_search(translator, monkeypatch)
     translator.translate("a red dog", glossary={"dog": "hund"})
     pieces = translator.src_spm.processor.id_to_piece
     annotated = [pieces(i) for i in expected_source(translator, "a red dog", "hund")[:-1]]
@@ -181,3 +193,57 @@ def test_nmt_eval_applies_a_glossary_file(trained, tmp_path, capsys) -> None:
             "nmt-eval: error: --glossary: its terms are found in the text of each line, so give --input"
         )
     )
+
+
+def test_target_constraints_reach_the_pytorch_model_annotated(trained, monkeypatch) -> None:
+    translator = Translator.from_checkpoint(trained[0])
+    reached = spy_on_pytorch_search(translator, monkeypatch)
+    lines = ["a red dog", "the cat"]
+    translator.translate(lines, constraints=[["hund"], []], constraints_mode="annotate")
+    plain_source = translator.src_spm.encode(["the cat"])[0] + [EOS_ID]
+    assert sorted(reached) == sorted(
+        [expected_source(translator, "a red dog", "hund"), plain_source]
+    )
+    reached.clear()
+    # both: annotated and searched under the constraint, which any model then meets
+    output = translator.translate(
+        "a red dog", constraints=["katzekatze"], constraints_mode="both", beam=3
+    )
+    assert reached == [expected_source(translator, "a red dog", "katzekatze")]
+    assert "katzekatze" in output
+    with pytest.raises(ValueError, match="constraints of sentence 1"):
+        translator.translate("a dog", constraints=[" "], constraints_mode="annotate")
+    with pytest.raises(ValueError, match="constraints mode: must be one of annotate, constrain"):
+        translator.translate("a dog", constraints=["hund"], constraints_mode="soft")
+
+
+def test_target_constraints_reach_the_ctranslate2_export_annotated(
+    trained, tmp_path, monkeypatch
+) -> None:
+    pytest.importorskip("ctranslate2")
+    from nmt.deploy.ct2 import export_ctranslate2
+
+    export_ctranslate2([trained[0]], str(tmp_path / "ct2"))
+    translator = Translator.from_checkpoint(str(tmp_path / "ct2"))
+    reached = spy_on_ctranslate2_search(translator, monkeypatch)
+    translator.translate("a red dog", constraints=["hund"], constraints_mode="annotate")
+    pieces = translator.src_spm.processor.id_to_piece
+    annotated = [pieces(i) for i in expected_source(translator, "a red dog", "hund")[:-1]]
+    assert reached and all(tokens == annotated for tokens in reached)
+    with pytest.raises(ValueError) as error:
+        translator.translate("a red dog", constraints=["hund"], constraints_mode="both")
+    assert str(error.value).startswith("constraints mode both: ") and "\n" not in str(error.value)
+    assert "CTranslate2 export, which has no lexical constraints" in str(error.value)
+
+
+def test_annotating_constraints_needs_the_term_tag(trained, monkeypatch) -> None:
+    from nmt.data.spm import SentencePieceModel
+
+    translator = Translator.from_checkpoint(trained[0])
+    monkeypatch.setattr(SentencePieceModel, "tags", property(lambda self: {}))
+    with pytest.raises(ValueError) as error:
+        translator.translate("a dog", constraints=["hund"], constraints_mode="annotate")
+    assert str(error.value).startswith(
+        "constraints mode annotate: this model's vocabulary has no <term>"
+    )
+    assert "\n" not in str(error.value)
