@@ -247,3 +247,41 @@ def test_annotating_constraints_needs_the_term_tag(trained, monkeypatch) -> None
         "constraints mode annotate: this model's vocabulary has no <term>"
     )
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_the_terminology_benchmark_adds_the_annotated_model_rows(
+    trained, tmp_path, monkeypatch, capsys
+) -> None:
+    """benchmarks/terminology.py --annotated-path on the tiny model (plain and annotated alike):
+    one table and one results file with the CTranslate2 rows and the "both" row."""
+    pytest.importorskip("ctranslate2")
+    import json
+    import runpy
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    checkpoint = trained[0]
+    data_dir = str(Path(checkpoint).parent.parent / "data")
+    out_dir = tmp_path / "out"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["terminology.py", "--path", checkpoint, "--data", data_dir, "--splits", "valid"]
+        + ["--annotated-path", checkpoint, "--beam", "2", "--out-dir", str(out_dir)],
+    )
+    runpy.run_path(str(benchmarks / "terminology.py"), run_name="__main__")
+    printed = capsys.readouterr().out
+    rows = ("plain", "constrained", "A-ct2 plain", "A-ct2 terms", "A-both")
+    assert all(f"\nvalid  {row} " in printed for row in rows)
+    figures = json.loads((out_dir / "terminology.json").read_text(encoding="utf-8"))["figures"]
+    valid = figures["valid"]
+    assert valid["constraint_phrases"] > 0
+    # one model on both sides, unannotated: CTranslate2 int8 scores near the PyTorch beam
+    assert abs(valid["A-ct2 plain"]["bleu"] - valid["plain"]["bleu"]) < 10
+    assert f"annotated model (CTranslate2) {valid['A-ct2 plain']['bleu']:.2f}" in printed
+    # the constrained beam meets every drawn term, the annotated input notwithstanding
+    assert valid["constrained"]["terms"] == valid["A-both"]["terms"] == 100.0
+    hypotheses = (out_dir / "valid.A-ct2-terms.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == valid["sentences"]
