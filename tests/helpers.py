@@ -49,6 +49,12 @@ TINY_MODEL_WORDS = 18
 TINY_MODEL_PAIRS = {"lengths": (2, 9), "num_words": TINY_MODEL_WORDS}
 # The training tests' task (`tiny_data`): 2 to 14 words, the German in the reverse order.
 REVERSAL_PAIRS = {"lengths": (2, 14), "reverse": True}
+# The preprocessing tests' corpus: 18 words, "das" among the German ones (their expectations, e.g.
+# which lines --dedup drops, were written on it).
+PREPROCESS_PAIRS = {
+    "num_words": 18,
+    "target_words": "der die das hund katze rennt sitzt auf matte rot blau gross klein haus baum mann frau kind".split(),
+}
 
 
 def random_pairs(
@@ -58,15 +64,17 @@ def random_pairs(
     lengths: tuple[int, int] = (3, 12),
     reverse: bool = False,
     num_words: int = len(WORDS),
+    target_words: Sequence[str] = WORTE,
 ) -> tuple[list[str], list[str]]:
     """``count`` (English, German) sentences of ``lengths`` words drawn from the first
-    ``num_words``; ``reverse``: the German words in the reverse order (a reordering task)."""
+    ``num_words`` (German from ``target_words``); ``reverse``: the German words in the reverse
+    order (a reordering task)."""
     rng = random.Random(seed)
     src, tgt = [], []
     for _ in range(count):
         picks = [rng.randrange(num_words) for _ in range(rng.randint(*lengths))]
         src.append(" ".join(WORDS[p] for p in picks))
-        tgt.append(" ".join(WORTE[p] for p in (reversed(picks) if reverse else picks)))
+        tgt.append(" ".join(target_words[p] for p in (reversed(picks) if reverse else picks)))
     return src, tgt
 
 

@@ -19,16 +19,14 @@ from nmt.data.preprocess import FILTER_REASONS, filter_codes, preprocess
 from nmt.data.spm import EOS_ID, SentencePieceModel
 from nmt_cli.preprocess import main as cli_main
 
-# --import-mode=importlib keeps test folders off sys.path
-sys.path.insert(0, os.path.dirname(__file__))
-from _corpora import random_pairs, write_corpus  # noqa: E402
+from ..helpers import PREPROCESS_PAIRS, random_pairs, write_corpus
 
 
 @pytest.fixture()
 def corpus_dir(tmp_path):
-    src, tgt = random_pairs(300, seed=0)
+    src, tgt = random_pairs(300, seed=0, **PREPROCESS_PAIRS)
     write_corpus(tmp_path, "train", src, tgt)
-    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1))
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1, **PREPROCESS_PAIRS))
     return tmp_path
 
 
@@ -136,10 +134,10 @@ def test_filter_codes_first_reason_wins():
 
 
 def test_blank_lines_dropped_from_train_and_kept_in_valid(tmp_path):
-    src, tgt = random_pairs(200, seed=2)
+    src, tgt = random_pairs(200, seed=2, **PREPROCESS_PAIRS)
     src[5], tgt[9] = "", "   "
     write_corpus(tmp_path, "train", src, tgt)
-    vsrc, vtgt = random_pairs(10, seed=3)
+    vsrc, vtgt = random_pairs(10, seed=3, **PREPROCESS_PAIRS)
     vsrc[4] = ""
     write_corpus(tmp_path, "valid", vsrc, vtgt)
     manifest, _ = preprocess(config(tmp_path))
@@ -150,10 +148,10 @@ def test_blank_lines_dropped_from_train_and_kept_in_valid(tmp_path):
 
 
 def test_messy_text_windows_endings_control_chars_and_a_1mb_line(tmp_path):
-    src, tgt = random_pairs(200, seed=4)
+    src, tgt = random_pairs(200, seed=4, **PREPROCESS_PAIRS)
     src[0] = "tab\there form\x0cfeed nel\x85 ls\u2028 ctrl\x01 dog"
     tgt[0] = "der\rhund"
-    vsrc, vtgt = random_pairs(10, seed=5)
+    vsrc, vtgt = random_pairs(10, seed=5, **PREPROCESS_PAIRS)
     vsrc[3] = "dog " * 250_000  # 1 MB
     write_corpus(tmp_path, "train", src, tgt, ending="\r\n")
     write_corpus(tmp_path, "valid", vsrc, vtgt)
@@ -255,7 +253,7 @@ def test_a_vocabulary_smaller_than_asked_is_one_warning_line(corpus_dir, caplog)
 
 
 def test_a_truncated_gz_is_reported_at_the_line_it_breaks(corpus_dir, capsys):
-    src, tgt = random_pairs(3000, seed=5)
+    src, tgt = random_pairs(3000, seed=5, **PREPROCESS_PAIRS)
     write_corpus(corpus_dir, "big", src, tgt)
     compressed = gzip.compress((corpus_dir / "big.en").read_bytes())
     truncated = compressed[: len(compressed) // 2]
@@ -306,9 +304,9 @@ def test_failure_midway_leaves_no_dataset_and_keeps_the_old_one(corpus_dir, monk
 
 @pytest.mark.slow
 def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
-    src, tgt = random_pairs(60_000, seed=6)
+    src, tgt = random_pairs(60_000, seed=6, **PREPROCESS_PAIRS)
     write_corpus(tmp_path, "train", src, tgt)
-    write_corpus(tmp_path, "valid", *random_pairs(20, seed=7))
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=7, **PREPROCESS_PAIRS))
     command = [
         sys.executable,
         "-m",
@@ -352,7 +350,7 @@ def test_kill_9_never_leaves_a_dataset_that_looks_complete(tmp_path):
 @pytest.mark.parametrize("encoder", ["threads", "processes"])
 def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monkeypatch, encoder):
     """Chunks of 37 lines, 1 or 3 workers, dedup and filters on: the same bytes."""
-    src, tgt = random_pairs(1_000, seed=8)
+    src, tgt = random_pairs(1_000, seed=8, **PREPROCESS_PAIRS)
     src[100], tgt[200] = "", ""
     src[600], tgt[600] = src[5], tgt[5]
     write_corpus(corpus_dir, "train", src, tgt)
@@ -375,7 +373,7 @@ def test_output_identical_for_any_worker_count_over_many_chunks(corpus_dir, monk
 
 
 def test_dedup_drops_later_exact_duplicates_and_counts_them(tmp_path):
-    src, tgt = random_pairs(300, seed=9)
+    src, tgt = random_pairs(300, seed=9, **PREPROCESS_PAIRS)
     for later, earlier in ((50, 3), (51, 3), (260, 40)):
         src[later], tgt[later] = src[earlier], tgt[earlier]
     src[70] = src[4]  # same source, other target: not a duplicate pair
@@ -421,7 +419,7 @@ def test_reservoir_sample_is_uniform_and_deterministic():
 
 
 def test_spm_trained_on_a_sample_depends_on_the_seed_only(corpus_dir):
-    write_corpus(corpus_dir, "train", *random_pairs(3_000, seed=10))
+    write_corpus(corpus_dir, "train", *random_pairs(3_000, seed=10, **PREPROCESS_PAIRS))
     models = []
     for seed, workers, name in ((1, 1, "a"), (1, 2, "b"), (2, 1, "c")):
         manifest, _ = preprocess(

@@ -23,11 +23,13 @@ from nmt.model import build_model
 from nmt_cli.eval import main as eval_main
 from nmt_cli.preprocess import main as preprocess_main
 
-from ..helpers import tiny_checkpoint, tiny_model_config
-
-# --import-mode=importlib keeps test folders off sys.path
-sys.path.insert(0, os.path.dirname(__file__))
-from _corpora import random_pairs, write_corpus  # noqa: E402
+from ..helpers import (
+    PREPROCESS_PAIRS,
+    random_pairs,
+    tiny_checkpoint,
+    tiny_model_config,
+    write_corpus,
+)
 
 
 def cli_args(root, *extra, destdir=None):
@@ -58,9 +60,9 @@ def cli_command(root, *extra, destdir=None):
 
 @pytest.fixture()
 def corpus(tmp_path):
-    write_corpus(tmp_path, "train", *random_pairs(400, seed=0))
-    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1))
-    write_corpus(tmp_path, "test", *random_pairs(25, seed=2))
+    write_corpus(tmp_path, "train", *random_pairs(400, seed=0, **PREPROCESS_PAIRS))
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1, **PREPROCESS_PAIRS))
+    write_corpus(tmp_path, "test", *random_pairs(25, seed=2, **PREPROCESS_PAIRS))
     return tmp_path
 
 
@@ -93,7 +95,8 @@ def _wait_for_lock(path, pid, timeout=60):
 
 
 def test_second_run_into_the_same_destdir_is_refused_naming_the_holder(corpus):
-    write_corpus(corpus, "train", *random_pairs(30_000, seed=3))  # a few seconds of work
+    # a few seconds of work
+    write_corpus(corpus, "train", *random_pairs(30_000, seed=3, **PREPROCESS_PAIRS))
     first = subprocess.Popen(
         cli_command(corpus), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -123,7 +126,7 @@ def test_second_run_into_the_same_destdir_is_refused_naming_the_holder(corpus):
 
 
 def test_a_killed_run_leaves_no_stuck_lock_and_its_leftovers_are_swept(corpus):
-    write_corpus(corpus, "train", *random_pairs(30_000, seed=3))
+    write_corpus(corpus, "train", *random_pairs(30_000, seed=3, **PREPROCESS_PAIRS))
     first = subprocess.Popen(
         cli_command(corpus), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -206,7 +209,9 @@ def test_a_moved_dataset_scores_without_its_raw_text(corpus, tmp_path_factory, c
     reference = gzip.decompress(
         (elsewhere / manifest.splits["test"].reference).read_bytes()
     ).decode()
-    assert reference == "".join(line + "\n" for line in random_pairs(25, seed=2)[1])
+    assert reference == "".join(
+        line + "\n" for line in random_pairs(25, seed=2, **PREPROCESS_PAIRS)[1]
+    )
 
     # what nmt-train --eval-bleu runs, from the moved directory
     from nmt.eval.evaluate import make_bleu_validator
@@ -237,7 +242,7 @@ def small_tmpfs(tmp_path):
 
 def test_disk_full_names_the_file_and_leaves_nothing(corpus, small_tmpfs):
     write_corpus(
-        corpus, "train", *random_pairs(60_000, seed=4)
+        corpus, "train", *random_pairs(60_000, seed=4, **PREPROCESS_PAIRS)
     )  # ~3.6 MB of tokens: more than fits
     result = subprocess.run(
         cli_command(corpus, destdir=small_tmpfs / "out"), capture_output=True, text=True
@@ -249,7 +254,7 @@ def test_disk_full_names_the_file_and_leaves_nothing(corpus, small_tmpfs):
 
 
 def test_file_size_limit_names_the_file(corpus):
-    write_corpus(corpus, "train", *random_pairs(20_000, seed=4))
+    write_corpus(corpus, "train", *random_pairs(20_000, seed=4, **PREPROCESS_PAIRS))
 
     def limit_file_size():
         signal.signal(

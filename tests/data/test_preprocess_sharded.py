@@ -3,7 +3,6 @@ one corpus that is the single-process dataset sample for sample, so batches and 
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -14,11 +13,14 @@ from nmt.data.corpus import ParallelCorpus
 from nmt.data.manifest import load_manifest, verify_checksums
 from nmt.data.preprocess import preprocess
 
-from ..helpers import TINY_MODEL_FLAGS, run_forked, run_torchrun
-
-# --import-mode=importlib keeps test folders off sys.path
-sys.path.insert(0, os.path.dirname(__file__))
-from _corpora import random_pairs, write_corpus  # noqa: E402
+from ..helpers import (
+    PREPROCESS_PAIRS,
+    TINY_MODEL_FLAGS,
+    random_pairs,
+    run_forked,
+    run_torchrun,
+    write_corpus,
+)
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -54,12 +56,12 @@ def argv(values):
 def datasets(tmp_path_factory):
     """The same corpora preprocessed in one process and under torchrun with 2 ranks."""
     root = tmp_path_factory.mktemp("sharded")
-    src, tgt = random_pairs(1_001, seed=20)
+    src, tgt = random_pairs(1_001, seed=20, **PREPROCESS_PAIRS)
     src[10], tgt[500], src[700] = "", "  ", "dog " * 300  # filtered: blank, blank, too long
     src[800], tgt[800] = src[3], tgt[3]  # an exact duplicate
     write_corpus(root, "train", src, tgt)
-    write_corpus(root, "extra", *random_pairs(97, seed=21))
-    write_corpus(root, "valid", *random_pairs(30, seed=22))
+    write_corpus(root, "extra", *random_pairs(97, seed=21, **PREPROCESS_PAIRS))
+    write_corpus(root, "valid", *random_pairs(30, seed=22, **PREPROCESS_PAIRS))
     preprocess(PreprocessConfig(**options(root, root / "single")))
     result = run_torchrun("nmt_cli.preprocess", *argv(options(root, root / "sharded")))
     assert result.returncode == 0, result.stderr[-3000:]

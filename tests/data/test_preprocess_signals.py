@@ -27,9 +27,7 @@ from nmt.workers import (
 )
 from nmt_cli.preprocess import main as preprocess_main
 
-# --import-mode=importlib keeps test folders off sys.path
-sys.path.insert(0, os.path.dirname(__file__))
-from _corpora import random_pairs, write_corpus  # noqa: E402
+from ..helpers import PREPROCESS_PAIRS, random_pairs, write_corpus
 
 STOP_SECONDS = 10  # issue 47: a stopped run is gone within this
 WORKERS_GONE_SECONDS = 5
@@ -252,7 +250,7 @@ def test_the_commands_exit_status_names_the_signal(
         raise stop()
 
     monkeypatch.setattr(nmt.data.preprocess, "preprocess", stopped)
-    write_corpus(tmp_path, "train", *random_pairs(10, seed=0))
+    write_corpus(tmp_path, "train", *random_pairs(10, seed=0, **PREPROCESS_PAIRS))
     argv = _command(tmp_path, tmp_path / "out", vocab=60)[3:]
     assert preprocess_main(argv) == status
     assert capsys.readouterr().err == line
@@ -264,8 +262,8 @@ def test_sigterm_during_the_install_loses_no_dataset(tmp_path, monkeypatch, caps
     import nmt.fileio
     from nmt.data.manifest import load_manifest
 
-    write_corpus(tmp_path, "train", *random_pairs(300, seed=0))
-    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1))
+    write_corpus(tmp_path, "train", *random_pairs(300, seed=0, **PREPROCESS_PAIRS))
+    write_corpus(tmp_path, "valid", *random_pairs(20, seed=1, **PREPROCESS_PAIRS))
     argv = _command(tmp_path, tmp_path / "out", vocab=60)[3:]
     assert preprocess_main(argv) == 0
     real_exchange = nmt.fileio._exchange
@@ -300,15 +298,15 @@ def corpora(tmp_path_factory):
     """``long``: a sample of ~1 s and an encoding of ~10 s; ``slow_spm``: SentencePiece trains ~5 s
     on it; ``tiny``: the rerun."""
     root = tmp_path_factory.mktemp("corpora")
-    src, tgt = random_pairs(50_000, seed=3)
+    src, tgt = random_pairs(50_000, seed=3, **PREPROCESS_PAIRS)
     for name, pairs in (
         ("long", (src * 10, tgt * 10)),
         ("slow_spm", (_random_words(20_000, seed=4), _random_words(20_000, seed=5))),
-        ("tiny", random_pairs(300, seed=6)),
+        ("tiny", random_pairs(300, seed=6, **PREPROCESS_PAIRS)),
     ):
         os.makedirs(root / name)
         write_corpus(root / name, "train", *pairs)
-        write_corpus(root / name, "valid", *random_pairs(20, seed=1))
+        write_corpus(root / name, "valid", *random_pairs(20, seed=1, **PREPROCESS_PAIRS))
     return root
 
 
