@@ -452,7 +452,8 @@ def test_a_stopped_run_ends_with_its_workers_and_leaves_no_dataset(corpora, tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
 def test_a_multilingual_run_stopped_in_sentencepiece_training(corpora, tmp_path, stop):
-    """--lang-pairs (no worker pool): the same exit, at once, SentencePiece's trainer process too."""
+    """--lang-pairs, the same pipeline as -s/-t: the same exit, at once, with its 2 encoding workers
+    and SentencePiece's trainer process."""
     command = [
         sys.executable,
         "-m",
@@ -466,12 +467,12 @@ def test_a_multilingual_run_stopped_in_sentencepiece_training(corpora, tmp_path,
         "--spm-vocab-size",
         "4000",
     ]
-    returncode, took, text, trainer = _stop(
-        command, running=r"SentencePiece sample: \d+ en sentences", num_children=1, stop=stop
+    returncode, took, text, processes = _stop(
+        command, running=r"SentencePiece sample: \d+ en sentences", num_children=3, stop=stop
     )
     _check_stopped(tmp_path, stop, returncode, took, text)
-    assert wait_until_gone(trainer, WORKERS_GONE_SECONDS) == []
-    assert "trained joint SentencePiece" not in text
+    assert wait_until_gone(processes, WORKERS_GONE_SECONDS) == []
+    assert "trained SentencePiece" not in text
 
 
 @pytest.mark.slow
