@@ -91,6 +91,20 @@ class Comparison:
         ]
 
 
+def split_with_references(
+    data: str, name: str, translator: Translator
+) -> tuple[Sequence[np.ndarray], list[str]]:
+    """Split ``name`` of dataset ``data``: its binarized sources and raw references (the script
+    exits naming the split when it has no reference text)."""
+    split = load_split(data, name, src_spm=translator.src_spm)
+    if split.reference_path is None:
+        raise SystemExit(f"{data}: split {name} has no reference text")
+    references = read_references(
+        split.reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
+    )
+    return split.sources, references
+
+
 def compare(
     translator: Translator,
     sources: Sequence[str],
@@ -152,22 +166,17 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     translator = Translator.from_checkpoint(args.path, device=args.device)
-    split = load_split(args.data, args.split, src_spm=translator.src_spm)
-    if split.reference_path is None:
-        raise SystemExit(f"{args.data}: split {args.split} has no reference text")
-    references = read_references(
-        split.reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
-    )
+    sources, references = split_with_references(args.data, args.split, translator)
     result = compare(
         translator,
-        split.sources,
+        sources,
         references,
         seed=args.seed,
         repeats=args.repeats,
         beam=args.beam,
         batch_size=args.batch_size,
     )
-    num = len(split.sources)
+    num = len(sources)
     print(
         f"{args.path} on {args.data} {args.split}: {num} sentences, "
         f"{sum(map(len, result.constraints))} constraint phrases on "

@@ -27,12 +27,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
 
+import numpy as np
 import torch
-from constraints import HEADER, Comparison, compare, term_success
+from constraints import HEADER, Comparison, compare, split_with_references, term_success
 
+from nmt.data.spm import SentencePieceModel
 from nmt.deploy.ct2 import QUANTIZATIONS, export_ctranslate2
-from nmt.eval.translate import Translator, load_split, read_references
+from nmt.eval.translate import Translator
 from nmt.results import write_results
 
 FLOAT = "float32"  # --ct2-quantization: the export keeps the checkpoint's float weights
@@ -45,7 +48,7 @@ def write_lines(path: str, lines: list[str]) -> str:
 
 
 def annotated_models(
-    path: str, *, out_dir: str, quantization: str, device: str
+    path: str, *, vocabulary: SentencePieceModel, out_dir: str, quantization: str, device: str
 ) -> dict[str, Translator]:
     """The annotated model's rows and their Translators: "A-ct2" (CTranslate2: ``path`` itself if
     an export, else exported under ``out_dir``) and, from a checkpoint, "A-both" (PyTorch)."""
@@ -65,13 +68,18 @@ def annotated_models(
         }
     for model in models.values():  # a model that never saw <term> is refused here, in one line
         model.check_glossary_mode("annotate", option="--annotated-path")
+        # The splits are read once, as the plain model's vocabulary encoded them.
+        if model.src_spm.proto != vocabulary.proto:
+            raise ValueError(
+                f"--annotated-path {path}: another source SentencePiece model than --path's; "
+                "train both models on the same dataset"
+            )
     return models
 
 
 def annotated_rows(
     models: dict[str, Translator],
-    data: str,
-    split_name: str,
+    split_sources: Sequence[np.ndarray],
     result: Comparison,
     references: list[str],
     *,
@@ -86,8 +94,7 @@ def annotated_rows(
         runs.append(("A-both", "A-both", "both"))
     for row, model, mode in runs:
         translator = models[model]
-        sources = load_split(data, split_name, src_spm=translator.src_spm).sources
-        constraints = None
+        sources, constraints = split_sources, None
         if mode is not None:
             sources, constraints = translator.apply_target_terms(
                 sources, result.constraints, mode=mode, what="--annotated-path"
@@ -148,6 +155,7 @@ def main() -> None:
         try:
             annotated = annotated_models(
                 args.annotated_path,
+                vocabulary=translator.src_spm,
                 out_dir=args.out_dir,
                 quantization=args.ct2_quantization,
                 device=args.device,
@@ -159,15 +167,10 @@ def main() -> None:
     table = []
     bleu_lines: list[str] = []
     for name in args.splits.split(","):
-        split = load_split(args.data, name, src_spm=translator.src_spm)
-        if split.reference_path is None:
-            raise SystemExit(f"{args.data}: split {name} has no reference text")
-        references = read_references(
-            split.reference_path, num_lines=split.num_lines, line_numbers=split.line_numbers
-        )
+        sources, references = split_with_references(args.data, name, translator)
         result = compare(
             translator,
-            split.sources,
+            sources,
             references,
             seed=args.seed,
             repeats=args.repeats,
@@ -177,8 +180,7 @@ def main() -> None:
         if annotated:
             annotated_rows(
                 annotated,
-                args.data,
-                name,
+                sources,
                 result,
                 references,
                 repeats=args.repeats,
@@ -186,7 +188,7 @@ def main() -> None:
                 batch_size=args.batch_size,
             )
         figures[name] = {
-            "sentences": len(split.sources),
+            "sentences": len(sources),
             "constraint_phrases": sum(map(len, result.constraints)),
             "constrained_sentences": sum(1 for c in result.constraints if c),
             "times_s": result.times,

@@ -129,14 +129,19 @@ def test_a_glossary_reaches_the_pytorch_model_annotated(trained, monkeypatch) ->
     assert "katzekatze" in output
 
 
-def test_a_glossary_reaches_the_ctranslate2_export_annotated(
-    trained, tmp_path, monkeypatch
-) -> None:
+@pytest.fixture(scope="module")
+def ct2_export(trained, tmp_path_factory) -> str:
+    """The annotated model exported to CTranslate2 once, for every test that decodes it there."""
     pytest.importorskip("ctranslate2")
     from nmt.deploy.ct2 import export_ctranslate2
 
-    export_ctranslate2([trained[0]], str(tmp_path / "ct2"))
-    translator = Translator.from_checkpoint(str(tmp_path / "ct2"))
+    directory = str(tmp_path_factory.mktemp("ct2") / "export")
+    export_ctranslate2([trained[0]], directory)
+    return directory
+
+
+def test_a_glossary_reaches_the_ctranslate2_export_annotated(ct2_export, monkeypatch) -> None:
+    translator = Translator.from_checkpoint(ct2_export)
     reached = spy_on_ctranslate2_search(translator, monkeypatch)
     translator.translate("a red dog", glossary={"dog": "hund"})
     pieces = translator.src_spm.processor.id_to_piece
@@ -217,14 +222,8 @@ def test_target_constraints_reach_the_pytorch_model_annotated(trained, monkeypat
         translator.translate("a dog", constraints=["hund"], constraints_mode="soft")
 
 
-def test_target_constraints_reach_the_ctranslate2_export_annotated(
-    trained, tmp_path, monkeypatch
-) -> None:
-    pytest.importorskip("ctranslate2")
-    from nmt.deploy.ct2 import export_ctranslate2
-
-    export_ctranslate2([trained[0]], str(tmp_path / "ct2"))
-    translator = Translator.from_checkpoint(str(tmp_path / "ct2"))
+def test_target_constraints_reach_the_ctranslate2_export_annotated(ct2_export, monkeypatch) -> None:
+    translator = Translator.from_checkpoint(ct2_export)
     reached = spy_on_ctranslate2_search(translator, monkeypatch)
     translator.translate("a red dog", constraints=["hund"], constraints_mode="annotate")
     pieces = translator.src_spm.processor.id_to_piece
