@@ -43,6 +43,7 @@ from nmt.data.blend import (
 from nmt.results import write_results
 
 MODES = ("ours", "rank-half", "simple")
+COLUMNS = ["samples", "case", "wall s", "CPU s", "peak GB", "wall / ours", "CPU / ours"]
 
 
 def corpora(num_corpora: int) -> tuple[np.ndarray, np.ndarray]:
@@ -159,22 +160,28 @@ def main() -> None:
                 + [f"{result['peak'] / 1e9:.2f}", f"{result['seconds'] / ours['seconds']:.2f}x"]
                 + [f"{result['cpu'] / ours['cpu']:.2f}x"]
             )
-    if args.results:
-        columns = ["samples", "case", "wall s", "CPU s", "peak GB", "wall / ours", "CPU / ours"]
-        write_results(args.results, figures={"table": {"columns": columns, "rows": rows}})
-
+    figures = {"table": {"columns": COLUMNS, "rows": rows}}
     num_samples = parse_count(args.reference_samples)
-    if not num_samples:
-        return
-    normalized = normalize_weights(corpora(args.corpora)[1], num_corpora=args.corpora)
+    if num_samples:
+        figures["greedy"] = time_greedy_reference(args.corpora, num_samples)
+    if args.results:
+        write_results(args.results, figures=figures)
+
+
+def time_greedy_reference(num_corpora: int, num_samples: int) -> dict[str, float]:
+    """The greedy loop's seconds at ``num_samples`` and its linear extrapolation to 1B (its cost is
+    the same per sample whatever the count)."""
+    normalized = normalize_weights(corpora(num_corpora)[1], num_corpora=num_corpora)
     start = time.perf_counter()
     reference = greedy_reference(normalized, num_samples)
-    reference_seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start
     assert np.array_equal(allocate_samples(normalized, num_samples), reference)
+    hours_at_1b = seconds * 1e9 / num_samples / 3600
     print(
-        f"greedy allocation loop at {num_samples:,} samples: {reference_seconds:.2f} s (the same "
-        f"counts as ours), extrapolated to 1B: {reference_seconds * 1e9 / num_samples / 3600:.1f} h"
+        f"greedy allocation loop at {num_samples:,} samples: {seconds:.2f} s (the same "
+        f"counts as ours), extrapolated to 1B: {hours_at_1b:.1f} h"
     )
+    return {"samples": num_samples, "seconds": seconds, "hours_at_1b": hours_at_1b}
 
 
 if __name__ == "__main__":
