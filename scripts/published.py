@@ -2,6 +2,7 @@
 
     python scripts/published.py            # rewrite every marked block from results/*.json
     python scripts/published.py --check    # change nothing; exit 1 naming each block that differs
+                                           # and each figure typed without a results file
 
 A README marks what it publishes; the text between the markers is generated, never typed:
 
@@ -17,6 +18,25 @@ separators, other numbers with 2 decimals), or ``bootstrap-METRIC:BASELINE:SYSTE
 bootstrap p-value (sacreBLEU's, 1,000 resamples, its fixed seed) of SYSTEM against BASELINE, both
 hypothesis files the results file names, scored against its ``reference`` file; METRIC is ``bleu``
 or ``chrf``. So a "beats" claim is recomputed from the saved hypotheses each time, never copied.
+
+No figure is typed: both commands also exit 1 naming each measured figure the published files
+type into their prose (``FILE:LINE: unbacked figure "TEXT"``), since only a results file can be
+re-measured. Prose is what is left outside fenced code blocks, inline code spans, HTML comments,
+link targets and the markers above; in it a measured figure is
+
+- a decimal number (``33.47``, ``p = 0.054``; a default too: a setting is written as code,
+  ``--dropout 0.1``),
+- a ratio (``1.5x``, ``2x``) or a percentage (``95%``, ``0.01%``),
+- a number followed by a unit of time, size, speed or progress (``s``, ``ms``, ``min``,
+  ``minutes``, ``h``, ``hours``, ``days``, ``MB``, ``GiB``..., ``tok/s``, ``sent/s``, ``req/s``,
+  ``upd/s``, ``pairs/s``, ``samples/s``, ``updates``, ``epochs``, ``BLEU``, ``chrF2``) or after a
+  metric (``BLEU 33``, ``chrF2 = 55``), ranges included (``1.27-1.73x``, ``+3.03 to +3.35``),
+- a table cell that is a number alone (``| 10,300 |``): a table of figures is a results block.
+
+Not figures: whole numbers without a unit (counts, sizes of data, issue numbers, dates, times of
+day), versions of three parts or more (``2.13.0``) or after ``Python``, ``torch``, ``CUDA``,
+``version`` or ``v`` (``Python >= 3.10``), and digits inside a word (``fp32``, ``chrF2``). The
+rule is a net, not a proof: a figure spelled in words passes it.
 """
 
 from __future__ import annotations
@@ -43,6 +63,28 @@ FIGURE = re.compile(
     r"<!-- figure:(?P<name>[\w.-]+):(?P<key>[^>]*?) -->(?P<text>.*?)<!-- /figure -->"
 )
 BOOTSTRAP_SAMPLES = 1000
+
+# What a README may type: everything but a measured figure in its prose (see the module docstring).
+_FENCE = re.compile(
+    r"^ {0,3}(?P<fence>`{3,}|~{3,}).*?^ {0,3}(?P=fence)[ \t]*$", re.DOTALL | re.MULTILINE
+)
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_CODE_SPAN = re.compile(r"(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`)", re.DOTALL)
+_LINK = re.compile(r"\]\([^)\s]*\)|<?https?://[^\s>)]+>?")
+_NUMBER = r"[+\-−±~]?\d+(?:,\d{3})*(?:\.\d+)?"
+_UNIT = (
+    r"(?:(?:tok(?:ens)?|sent(?:ences)?|req(?:uests)?|upd(?:ates)?|pairs|samples|it)/s"
+    r"|[mnuµ]?s|sec|seconds?|min|minutes?|h|hours?|days?|[KMGT]i?B|updates|epochs|BLEU|chrF2?)"
+)
+_METRIC = r"(?:BLEU|chrF2|chrF\+\+|chrF|TER|COMET)(?:\s*[=:]\s*|\s+)"
+_VERSION = r"\d+(?:\.\d+){2,}|(?:Python|CUDA|torch|PyTorch|version|v)\s*(?:[<>=]=?\s*)?\d+\.\d+"
+UNBACKED = re.compile(
+    rf"(?<![\w.])(?:(?P<version>{_VERSION})"
+    rf"|(?P<metric>{_METRIC}{_NUMBER})"
+    rf"|(?P<figure>{_NUMBER}(?:\s*(?:-|–|to)\s*{_NUMBER})*"
+    rf"(?P<measure>\s*%|(?:x|×)(?!\w)|\s*{_UNIT}(?![\w/]))?))"
+)
+_TABLE_NUMBER = re.compile(rf"(?<=\|)[ \t]*\**(?P<figure>{_NUMBER})\**[ \t]*(?=\|)")
 
 
 def published_files(root: str) -> list[str]:
@@ -82,6 +124,44 @@ def regenerate(root: str, *, write: bool) -> list[Difference]:
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(new)
     return differences
+
+
+@dataclass(frozen=True)
+class Unbacked:
+    file: str
+    line: int
+    text: str  # the figure as the README types it
+
+    def __str__(self) -> str:
+        return f'{self.file}:{self.line}: unbacked figure "{self.text}"'
+
+
+def unbacked(root: str) -> list[Unbacked]:
+    """Every measured figure the published files type into their prose (``find_unbacked``)."""
+    found = []
+    for file in published_files(root):
+        with open(os.path.join(root, file), encoding="utf-8") as handle:
+            found += find_unbacked(file, handle.read())
+    return found
+
+
+def find_unbacked(file: str, text: str) -> list[Unbacked]:
+    """The measured figures of ``text`` outside fenced code, code spans, HTML comments, link
+    targets and the generated text of marked blocks and figures, in order."""
+    prose = text
+    for pattern in (_FENCE, BLOCK, FIGURE, _COMMENT, _CODE_SPAN, _LINK):
+        # Blanked, not removed: offsets, so line numbers, stay those of ``text``.
+        prose = pattern.sub(lambda match: re.sub(r"[^\n]", " ", match[0]), prose)
+    hits = {m.start("figure"): m["figure"] for m in _TABLE_NUMBER.finditer(prose)}
+    for match in UNBACKED.finditer(prose):
+        if match["metric"] or (
+            match["figure"] and (match["measure"] or re.search(r"\d\.\d", match["figure"]))
+        ):
+            hits[match.start()] = match["metric"] or match["figure"]
+    return [
+        Unbacked(file, prose.count("\n", 0, start) + 1, " ".join(figure.split()))
+        for start, figure in sorted(hits.items())
+    ]
 
 
 def _check_blocks_closed(file: str, text: str) -> None:
@@ -236,12 +316,16 @@ def _lines(results: Results, name: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="published.py", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--check", action="store_true", help="change nothing; exit 1 naming each block that differs"
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 naming each block that differs (and, in both modes, each "
+        "unbacked figure)",
     )
     parser.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         differences = regenerate(args.root, write=not args.check)
+        figures = unbacked(args.root)
     except (ValueError, OSError) as error:
         print(f"published.py: error: {error}", file=sys.stderr)
         return 1
@@ -251,10 +335,17 @@ def main(argv: list[str] | None = None) -> int:
             if args.check
             else f"{difference.file}:{difference.line}: {difference.what} regenerated"
         )
+    for figure in figures:
+        print(figure)
     if args.check and differences:
         print("published.py: run `python scripts/published.py` to regenerate them", file=sys.stderr)
-        return 1
-    return 0
+    if figures:
+        print(
+            "published.py: publish each figure from a results file (a results or figure marker) "
+            "or remove it",
+            file=sys.stderr,
+        )
+    return 1 if figures or (args.check and differences) else 0
 
 
 if __name__ == "__main__":

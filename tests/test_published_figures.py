@@ -182,6 +182,78 @@ def test_hypotheses_of_another_length_than_the_reference_are_named(tmp_path):
         published.regenerate(str(root), write=False)
 
 
+@pytest.mark.parametrize(
+    "prose, figure",
+    [
+        ("the main job scored 33.47 on test", "33.47"),
+        ("decoding is 2.4x fairseq's", "2.4x"),
+        ("threads gave 1.27-1.73x the processes", "1.27-1.73x"),
+        ("a 2x speed-up", "2x"),
+        ("off-target rate 0.01% of lines", "0.01%"),
+        ("95% identical", "95%"),
+        ("+3.03 to +3.35 into English", "+3.03 to +3.35"),
+        ("trained for 14 minutes", "14 minutes"),
+        ("after 1,432 updates it stopped", "1,432 updates"),
+        ("peak RSS 496 MiB on 2 cores", "496 MiB"),
+        ("it decodes 194 sent/s", "194 sent/s"),
+        ("a step takes 29 ms", "29 ms"),
+        ("the model gets BLEU 31 there", "BLEU 31"),
+        ("chrF2 = 55 on val", "chrF2 = 55"),
+        ("a gain of 3 BLEU", "3 BLEU"),
+        ("p = 0.054 for en-cs", "0.054"),
+        ("defaults to dropout 0.1", "0.1"),
+        ("a figure cut by the line: 12\nminutes of training", "12 minutes"),
+        ("| model | updates |\n| --- | ---: |\n| baseline | **10,300** |", "10,300"),
+    ],
+)
+def test_a_figure_typed_into_prose_is_unbacked(prose, figure):
+    text = f"# title\n\nSome text.\n{prose}\n"
+    line = 4 + prose[: prose.index(figure.split()[0])].count("\n")
+    assert [str(hit) for hit in published.find_unbacked("README.md", text)] == [
+        f'README.md:{line}: unbacked figure "{figure}"'
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the main job scored `33.47` on test",
+        "```bash\n# 2.4x fairseq, 14 minutes\nnmt-train --dropout 0.1\n```",
+        "~~~\n1.5x\n~~~",
+        "``a `1.5x` span``",
+        "<!-- 33.47 before the speed-ups,\n2.4x fairseq -->",
+        "<!-- results:bench -->\n| a | 1.02x | 10,300 |\n\n14 minutes\n<!-- /results:bench -->",
+        "BLEU <!-- figure:bench:bleu -->33.47<!-- /figure --> after "
+        "<!-- figure:bench:updates -->1,432<!-- /figure --> updates",
+        "[the paper](https://arxiv.org/abs/1706.03762) and https://example.org/v1.5/x",
+        "torch 2.13.0, fairseq 0.12.2, sacreBLEU 2.4.0, 127.0.0.1, Python >= 3.10, torch 2.11",
+        "measured 2026-11-28 at 08:20 UTC for issue 49 (#2410), tests/test_readme.py line 12",
+        "transformer_tiny: 3+3 layers x 128, FFN 512, 4 heads, 10M pairs, 4,096 tokens, fp32",
+        "cased BLEU and chrF2 with their signatures; 6 directions, 2 ranks x 2 threads",
+        "`--warmup-updates 4000` (every `--save-interval-updates 500`)",
+    ],
+)
+def test_code_comments_generated_text_versions_and_counts_are_not_figures(text):
+    assert published.find_unbacked("README.md", text) == []
+
+
+def test_the_command_names_each_unbacked_figure_and_exits_1(tmp_path):
+    readme = "# a\n\n```\n1.5x\n```\nIt runs 1.5x faster in\n14 minutes, `2x` in code.\n"
+    root = _repository(tmp_path, readme, {"table": TABLE})
+    for args in ([], ["--check"]):
+        run = subprocess.run(
+            [sys.executable, str(SCRIPT), "--root", str(root), *args],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 1
+        assert run.stdout.splitlines() == [
+            'README.md:6: unbacked figure "1.5x"',
+            'README.md:7: unbacked figure "14 minutes"',
+        ]
+        assert "publish each figure from a results file" in run.stderr
+
+
 def test_every_results_file_is_readable_and_used(tmp_path):
     """A results file no README publishes is a figure nobody sees, or a stale one left behind."""
     used = set()
