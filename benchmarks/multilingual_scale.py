@@ -83,7 +83,9 @@ def run_case(num_directions: int, *, lines: int, workdir: str, python: str) -> d
         "started = time.time()\n"
         "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
         "print(started)\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(usage.ru_maxrss)\n"
+        "print(usage.ru_utime + usage.ru_stime)\n"
         "print(done.returncode)\n"
         "sys.stderr.write(done.stdout + done.stderr)\n"
     )
@@ -96,7 +98,7 @@ def run_case(num_directions: int, *, lines: int, workdir: str, python: str) -> d
     result = subprocess.run(
         [python, "-c", wrapper, *command], capture_output=True, text=True, check=True
     )
-    started, peak_kib, returncode = result.stdout.split()
+    started, peak_kib, cpu_seconds, returncode = result.stdout.split()
     if int(returncode) != 0:
         raise SystemExit(
             f"nmt-train failed for {num_directions} directions:\n{result.stderr[-3000:]}"
@@ -116,6 +118,8 @@ def run_case(num_directions: int, *, lines: int, workdir: str, python: str) -> d
         "languages": len(names),
         "samples": num_samples,
         "first_update_s": first["time"] - float(started),
+        # The whole run's CPU (the update, then saving): shared cores slow the wall clock, not this.
+        "cpu_s": float(cpu_seconds),
         "peak_rss_mb": int(peak_kib) / 1024,
         "length_arrays_mb": length_bytes / 2**20,
     }
@@ -143,22 +147,22 @@ def main() -> None:
             )
     base = rows[0]
     print(
-        "| directions | languages | samples | start -> first update (s) | peak RSS (MB) | "
+        "| directions | languages | samples | start -> first update (s) | CPU s | peak RSS (MB) | "
         "length arrays (MB) | RSS - length arrays (MB) | vs first row |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     table = []
     for row in rows:
         rest = row["peak_rss_mb"] - row["length_arrays_mb"]
         base_rest = base["peak_rss_mb"] - base["length_arrays_mb"]
         table.append(
             [row["directions"], row["languages"], f"{row['samples']:,}"]
-            + [f"{row['first_update_s']:.1f}", f"{row['peak_rss_mb']:.0f}"]
+            + [f"{row['first_update_s']:.1f}", f"{row['cpu_s']:.1f}", f"{row['peak_rss_mb']:.0f}"]
             + [f"{row['length_arrays_mb']:.0f}", f"{rest:.0f}", f"{rest / base_rest:.2f}x"]
         )
         print("| " + " | ".join(map(str, table[-1])) + " |")
     if args.results:
-        columns = ["directions", "languages", "samples", "start -> first update (s)"]
+        columns = ["directions", "languages", "samples", "start -> first update (s)", "CPU s"]
         columns += ["peak RSS (MB)", "length arrays (MB)", "RSS - length arrays (MB)"]
         write_results(
             args.results,
