@@ -14,9 +14,10 @@ A README marks what it publishes; the text between the markers is generated, nev
 
 KEY is a dotted path into the results file's figures (``by_update.2.bleu``: list items by
 position), with an optional ``:FORMAT`` (Python's, e.g. ``.3f``; default: integers with thousands
-separators, other numbers with 2 decimals), or ``bootstrap-METRIC:BASELINE:SYSTEM``: the paired
-bootstrap p-value (sacreBLEU's, 1,000 resamples, its fixed seed) of SYSTEM against BASELINE, both
-hypothesis files the results file names, scored against its ``reference`` file; METRIC is ``bleu``
+separators, other numbers with 2 decimals), or ``bootstrap-METRIC:BASELINE:SYSTEM[:REFERENCE]``:
+the paired bootstrap p-value (sacreBLEU's, 1,000 resamples, its fixed seed) of SYSTEM against
+BASELINE, both hypothesis files the results file names, scored against its REFERENCE file
+(default ``reference``; one per direction where a results file scores several); METRIC is ``bleu``
 or ``chrf``. So a "beats" claim is recomputed from the saved hypotheses each time, never copied.
 
 No figure is typed: both commands also exit 1 naming each measured figure the published files
@@ -251,11 +252,15 @@ def provenance(results: Results) -> str:
 
 
 def render_figure(results: Results, key: str) -> str:
-    """The text of one inline figure: ``KEY[:FORMAT]`` or ``bootstrap-METRIC:BASELINE:SYSTEM``."""
+    """The text of one inline figure: ``KEY[:FORMAT]`` or
+    ``bootstrap-METRIC:BASELINE:SYSTEM[:REFERENCE]``."""
     if key.startswith("bootstrap-"):
-        metric, _, systems = key[len("bootstrap-") :].partition(":")
-        baseline, _, system = systems.partition(":")
-        return f"{paired_bootstrap_p(results, metric, baseline, system):.3f}"
+        parts = key[len("bootstrap-") :].split(":")
+        if len(parts) not in (3, 4):
+            raise ValueError(
+                f"figure {key!r}: bootstrap-METRIC:BASELINE:SYSTEM[:REFERENCE] expected"
+            )
+        return f"{paired_bootstrap_p(results, *parts):.3f}"
     path, _, spec = key.partition(":")
     value = lookup(results, path)
     if spec:
@@ -277,25 +282,28 @@ def lookup(results: Results, path: str) -> Any:
     return value
 
 
-def paired_bootstrap_p(results: Results, metric: str, baseline: str, system: str) -> float:
-    """sacreBLEU's paired bootstrap p-value of ``system`` against ``baseline`` on ``metric``."""
+def paired_bootstrap_p(
+    results: Results, metric: str, baseline: str, system: str, reference: str = "reference"
+) -> float:
+    """sacreBLEU's paired bootstrap p-value of ``system`` against ``baseline`` on ``metric``,
+    scored against the hypotheses file named ``reference``."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
     metrics = {"bleu": BLEU, "chrf": CHRF}
     if metric not in metrics:
         raise ValueError(f"bootstrap metric {metric!r}: bleu or chrf expected")
-    texts = {name: _lines(results, name) for name in ("reference", baseline, system)}
+    texts = {name: _lines(results, name) for name in (reference, baseline, system)}
     for name in (baseline, system):
-        if len(texts[name]) != len(texts["reference"]):
+        if len(texts[name]) != len(texts[reference]):
             raise ValueError(
                 f"{results.hypothesis_path(name)}: {len(texts[name])} lines, the reference has "
-                f"{len(texts['reference'])}"
+                f"{len(texts[reference])}"
             )
     test = PairedTest(
         [(baseline, texts[baseline]), (system, texts[system])],
         {metric: metrics[metric]()},
-        references=[texts["reference"]],
+        references=[texts[reference]],
         test_type="bs",
         n_samples=BOOTSTRAP_SAMPLES,
     )

@@ -164,6 +164,42 @@ def test_a_comparative_claim_carries_the_paired_bootstrap_p_value_of_its_hypothe
     assert tie and float(tie[1]) > 0.05, text
 
 
+def test_each_direction_is_bootstrapped_against_its_own_reference(tmp_path):
+    de = [f"ein Hund läuft über die Wiese Nummer {i} ." for i in range(60)]
+    fr = [f"un chien court dans le pré numéro {i} ." for i in range(60)]
+    files = {
+        "ref-de": de,
+        "ref-fr": fr,
+        "bilingual-de": [" ".join(line.split()[::2]) for line in de],
+        "multilingual-de": de,
+        "bilingual-fr": fr,
+        "multilingual-fr": [line if i != 3 else "un chien" for i, line in enumerate(fr)],
+    }
+    for name, lines in files.items():
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    hypotheses = {name: str(tmp_path / f"{name}.txt") for name in files}
+    readme = "".join(
+        f"{lang}: p = <!-- figure:bench:bootstrap-bleu:bilingual-{lang}:multilingual-{lang}"
+        f":ref-{lang} --><!-- /figure -->\n"
+        for lang in ("de", "fr")
+    )
+    root = _repository(tmp_path, readme, {}, hypotheses)
+    published.regenerate(str(root), write=True)
+    text = (root / "README.md").read_text(encoding="utf-8")
+    p_values = re.findall(r"-->(\d\.\d{3})<", text)
+    # de: the multilingual system is its reference, the bilingual one lost half the words; fr: the
+    # two differ in one sentence, a tie against ref-fr (and not against ref-de, on which both fail).
+    assert p_values[0] == "0.001" and float(p_values[1]) > 0.05, text
+
+    for key, message in (
+        ("bootstrap-bleu:bilingual-de:multilingual-de", r"no hypotheses named 'reference'"),
+        ("bootstrap-bleu:a:b:c:d", r"bootstrap-METRIC:BASELINE:SYSTEM\[:REFERENCE\] expected"),
+    ):
+        (root / "README.md").write_text(f"<!-- figure:bench:{key} --><!-- /figure -->\n")
+        with pytest.raises(ValueError, match=f"README.md:1: .*{message}"):
+            published.regenerate(str(root), write=False)
+
+
 def test_hypotheses_of_another_length_than_the_reference_are_named(tmp_path):
     for name, count in (("reference", 3), ("baseline", 3), ("system", 2)):
         (tmp_path / f"{name}.txt").write_text("ein Hund\n" * count, encoding="utf-8")
