@@ -6,8 +6,7 @@ then PyTorch vs CTranslate2 float32 vs CTranslate2 int8, each as a whole nmt-eva
 
 The first table prints sentences/s and target tokens/s (EOS counted, as fairseq-generate counts) with
 BLEU for each setting, side by side with ratios; decoding only is timed (the model is loaded and the
-sources read beforehand). fairseq-generate's figure, measured on another day with another model size,
-follows as a dated row of its own (``peers.py``), never as a ratio.
+sources read beforehand).
 Then the cost of nmt-eval's fairseq-style extras (--format fairseq, --print-alignment, an ensemble of
 2) over the plain beam-5 decode.
 
@@ -31,23 +30,7 @@ import torch
 
 from nmt.checkpoint_io import load_checkpoint
 from nmt.eval.translate import Translator, load_split, read_references
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
-
-from nmt.results import write_results  # noqa: E402
-
-# Not run here (fairseq is not a dependency): printed as its own row.
-FAIRSEQ_GENERATE = StoredPeerFigure(
-    peer="fairseq 0.12.2 fairseq-generate",
-    figure="48 sentences/s, 780 target tokens/s (beam 5, batch 64, the 1,000 test2016 sentences)",
-    date="2026-11-21 or before (issue 6; first recorded in commit 88f2dec of 2026-11-21)",
-    machine=DEVELOPMENT_MACHINE + ", load not recorded",
-    model="a fairseq transformer of 3+3 x 256, FFN 1024, fp32 (nmt's transformer_tiny then; today's "
-    "default is 3+3 x 128, FFN 512, so not the size this script decodes with by default)",
-    command="fairseq-generate on the binarized test2016 with --beam 5 --batch-size 64 (the exact "
-    "command line was not recorded)",
-)
+from nmt.results import write_results
 
 
 def run(
@@ -263,7 +246,6 @@ def compare_search(args: argparse.Namespace) -> list[list[str]]:
                 [name, str(batch_size), f"{r['seconds']:.2f}", f"{r['sentences/s']:.1f}"]
                 + [f"{r['tokens/s']:.0f}", f"{r['bleu']:.2f}", f"{ratio:.2f}x"]
             )
-    print(*FAIRSEQ_GENERATE.lines(), sep="\n")
     print_extras(args, translator, sources, results[5, args.batch_size])
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return rows

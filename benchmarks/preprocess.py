@@ -17,10 +17,6 @@ subprocess, sampling the PSS of it and its worker processes every 0.5 s:
 - in-memory: what nmt-preprocess did before streaming (as in the issue): every line read and encoded
              into Python lists before writing (on --in-memory-pairs pairs; its memory grows with them)
 
-fairseq is not a dependency (and 0.12.2 predates Python 3.11), so fairseq-preprocess's figure, measured
-on another day on Multi30k, follows the table as a dated row of its own (``peers.py``), never as a
-ratio or extrapolated to --pairs; it excludes SentencePiece encoding, which fairseq leaves to the user.
-
 The dataset written by the `given` step stays at WORKDIR/data-given (lead: the 10M training
 start-up benchmark can open it; `--keep` keeps it).
 """
@@ -40,23 +36,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
-
-from nmt.results import write_results  # noqa: E402
+from nmt.results import write_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(ROOT, "data", "multi30k")
-FAIRSEQ_PREPROCESS = StoredPeerFigure(
-    peer="fairseq 0.12.2 fairseq-preprocess",
-    figure="11.6 s for 31,014 pairs: 2,674 pairs/s (2 workers)",
-    date="2026-11-21 or before (issue 2; first recorded in commit c301823 of 2026-11-21)",
-    machine=DEVELOPMENT_MACHINE + ", load not recorded",
-    model="no model; Multi30k en-de train + val + test2016 (29,000 + 1,014 + 1,000 pairs, about half "
-    "as long as this script's synthetic pairs), already encoded into SentencePiece pieces",
-    command="fairseq-preprocess --workers 2 on the pre-encoded train/valid/test files (the exact "
-    "command line was not recorded)",
-)
 
 
 def parse_count(text: str) -> int:
@@ -387,7 +370,6 @@ def main() -> None:
             f"{name:<78} {pairs:>12,} {seconds:>8.1f} {pairs / seconds:>9,.0f} {cpu:>8.1f} {pairs / cpu:>11,.0f} {peak:>7.2f} GB"
         )
     print(f"(pairs/CPU-s x {cores} cores bounds the wall-clock rate on otherwise idle cores)")
-    print(*FAIRSEQ_PREPROCESS.lines(), sep="\n")
     rates = {name: pairs / seconds for name, pairs, seconds, _, _ in rows}
     processes = [rate for name, rate in rates.items() if name.endswith("worker processes")]
     threads = [rate for name, rate in rates.items() if "--encoder threads" in name]

@@ -14,8 +14,6 @@ shuffled batches cut under the padded budget) measured the same way in the same 
   nmt-train 1 x 2 threads and 2 x 1 (torchrun, gloo), their throughput read from nmt-train's own
   log records after --warmup updates; with --baseline-tree, another checkout's nmt-train beside this
   one's (before/after a change in one run).
-fairseq 0.12.2's figure, measured on another day, is printed below them as a dated row of its own
-(``peers.py``), never as a ratio.
 """
 
 from __future__ import annotations
@@ -32,24 +30,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import DEVELOPMENT_MACHINE, StoredPeerFigure  # noqa: E402
-
-from nmt.results import write_results  # noqa: E402
+from nmt.results import write_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "runs", "bench-data")
-# Not run here (fairseq 0.12.2 predates Python 3.11 and is no dependency): printed as its own row.
-FAIRSEQ_TRAIN = StoredPeerFigure(
-    peer="fairseq 0.12.2 fairseq-train",
-    figure="2,230 target tokens/s",
-    date="2026-11-21 or before (issue 5; first recorded in commit 50a4af8 of 2026-11-21)",
-    machine=DEVELOPMENT_MACHINE + ", described then as quiet (no load figure recorded)",
-    model="3+3 x 256, FFN 1024, 4 heads, shared embeddings, 8k joint SentencePiece vocabulary, "
-    "--max-tokens 4096, fp32, dropout 0.1 (REFERENCE_MODEL in benchmarks/train_throughput.py), on the bundled Multi30k",
-    command="fairseq-train on the same binarized data with the options of the model line (the "
-    "exact command line was not recorded)",
-)
 
 
 def ensure_data() -> None:
@@ -560,7 +544,6 @@ def main() -> None:
                 [title, name, f"{tokens_per_s:,.0f}", f"{tokens_per_s / plain:.2f}x", pad, note]
             )
     print("vs plain: against the plain PyTorch loop measured in this run\n")
-    print(*FAIRSEQ_TRAIN.lines(), sep="\n")
     if args.results:
         rates = {f"{title}: {name}": rate for title, rows in sections for name, rate, _, _ in rows}
         write_results(
