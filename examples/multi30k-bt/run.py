@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt import recipe
+from nmt.fileio import atomic_write
 
 PROG = "examples/multi30k-bt/run.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,10 @@ SEARCHES = {
     "beam": ["--beam", "5"],
     "noise": ["--beam", "5", "--source-noise"],
 }
+# Every model is scored on both: val is what variants are chosen on, test is only reported.
+SPLITS = ("valid", "test")
+# scores.tsv's columns after name, minutes and updates; test's unprefixed, as before val was scored.
+SCORE_NAMES = ("bleu", "chrf", "valid_bleu", "valid_chrf")
 TRAIN_FLAGS = [
     *("--no-epoch-checkpoints", "--save-interval-updates", "50", "--keep-interval-updates", "10"),
 ]
@@ -213,35 +218,53 @@ class Recipe:
         self.train_arguments[step.name] = (minutes, data, self.path(name), flags)
         return step
 
+    def references(self) -> recipe.Step:
+        """Each split's reference text under DIR, so that the results file names it beside the
+        hypotheses and its paired-bootstrap p-values can be recomputed from DIR alone."""
+
+        def run() -> None:
+            for split, path in self.reference_paths().items():
+                lines = recipe.split_references(self.path("data"), split)
+                with atomic_write(path, "w", encoding="utf-8", newline="\n") as handle:
+                    handle.writelines(line + "\n" for line in lines)
+
+        return recipe.Step("the references", {}, list(self.reference_paths().values()), run)
+
+    def reference_paths(self) -> dict[str, str]:
+        return {split: self.path(f"reference.{split}.de") for split in SPLITS}
+
     def score(self, name: str) -> recipe.Step:
-        """test_2016_flickr, beam 5, cased sacreBLEU and chrF2 into scores.tsv; the model to
-        DIR/model.pt."""
+        """val and test_2016_flickr, beam 5, cased sacreBLEU and chrF2 into scores.tsv; the model
+        to DIR/model.pt."""
         from nmt_cli import eval as nmt_eval
 
         count = self.count(self.args.minutes)
-        hypotheses = self.path(f"{name}.test.de")
+        hypotheses = {split: self.path(f"{name}.{split}.de") for split in SPLITS}
 
         def run() -> None:
             weights = recipe.weight_flags(self.path(name), count)
-            argv = [self.path("data"), *weights, "--split", "test", "--beam", "5"]
-            recipe.call("nmt-eval", nmt_eval.main, [*argv, "--output", hypotheses])
-            found = recipe.scores(hypotheses, recipe.split_references(self.path("data"), "test"))
+            found = {}
+            for split, path in hypotheses.items():
+                argv = [self.path("data"), *weights, "--split", split, "--beam", "5"]
+                recipe.call("nmt-eval", nmt_eval.main, [*argv, "--output", path])
+                found[split] = recipe.scores(
+                    path, recipe.split_references(self.path("data"), split)
+                )
             updates = recipe.num_updates(self.path(name, "checkpoint_last.pt"))
-            row = [
-                name,
-                f"{self.args.minutes:g}",
-                str(updates),
-                f"{found['bleu']:.2f}",
-                f"{found['chrf']:.2f}",
-            ]
+            values = {**found["test"], **{f"valid_{k}": v for k, v in found["valid"].items()}}
+            row = [name, f"{self.args.minutes:g}", str(updates)]
+            row += [f"{values[column]:.2f}" for column in SCORE_NAMES]
             with open(self.path("scores.tsv"), "a", encoding="utf-8") as handle:
                 handle.write("\t".join(row) + "\n")
             recipe.save_weights(recipe.weight_paths(self.path(name), count), self.path("model.pt"))
             log(
-                f"{name}: test_2016_flickr BLEU {found['bleu']:.2f} chrF2 {found['chrf']:.2f} ({self.path('model.pt')})"
+                f"{name}: val BLEU {found['valid']['bleu']:.2f} chrF2 {found['valid']['chrf']:.2f}, "
+                f"test_2016_flickr BLEU {found['test']['bleu']:.2f} chrF2 {found['test']['chrf']:.2f} "
+                f"({self.path('model.pt')})"
             )
 
-        return recipe.Step(f"the score of {name}", {"--average-last": count}, [hypotheses], run)
+        outputs = list(hypotheses.values())
+        return recipe.Step(f"the score of {name}", {"--average-last": count}, outputs, run)
 
     def steps(self) -> list[recipe.Step]:
         args = self.args
@@ -259,6 +282,7 @@ class Recipe:
                 *("--validpref", f"{corpus}/val", "--spm-model", self.path("data", "spm.model")),
             ),
         ]
+        steps.append(self.references())
         mono = f"mono-{args.captions}"
         steps.append(self.monolingual("de", mono))
         mono_en = f"mono-en-{args.captions}"
@@ -402,6 +426,29 @@ class Recipe:
         return recipe.Step(" and ".join(step.name for step in models), identity, outputs, run)
 
 
+def read_scores(path: str) -> list[list[str]]:
+    """scores.tsv's rows; ValueError naming the line of one an earlier revision wrote."""
+    with open(path, encoding="utf-8") as handle:
+        rows = [line.rstrip("\n").split("\t") for line in handle]
+    for number, row in enumerate(rows, start=1):
+        if len(row) != 3 + len(SCORE_NAMES):
+            raise ValueError(
+                f"{path}:{number}: {len(row)} columns, not {3 + len(SCORE_NAMES)} (scores of an earlier "
+                "revision, without val): use another --out"
+            )
+    return rows
+
+
+def score_figures(row: list[str]) -> dict[str, float | int]:
+    """A scores.tsv row as the results file's figures of one model."""
+    _, minutes, updates, *scores = row
+    return {
+        "minutes": float(minutes),
+        "updates": int(updates),
+        **{name: float(value) for name, value in zip(SCORE_NAMES, scores, strict=True)},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = recipe.parse_args(build_parser(), argv)
 
@@ -411,18 +458,15 @@ def main(argv: list[str] | None = None) -> int:
         check(args)
         bt = Recipe(args)
         recipe.run_steps(args.out, bt.steps())
-        with open(bt.path("scores.tsv"), encoding="utf-8") as handle:
-            rows = [line.rstrip("\n").split("\t") for line in handle]
-        figures = {
-            name: {
-                "minutes": float(minutes),
-                "updates": int(updates),
-                "bleu": float(bleu),
-                "chrf": float(chrf),
-            }
-            for name, minutes, updates, bleu, chrf in rows
+        rows = read_scores(bt.path("scores.tsv"))
+        figures = {row[0]: score_figures(row) for row in rows}
+        hypotheses = {
+            **{name: bt.path(f"{name}.test.de") for name in figures},
+            **{f"valid {name}": bt.path(f"{name}.valid.de") for name in figures},
+            # The names scripts/published.py's paired bootstrap scores against.
+            "reference": bt.reference_paths()["test"],
+            "valid reference": bt.reference_paths()["valid"],
         }
-        hypotheses = {name: bt.path(f"{name}.test.de") for name in figures}
         write_results(bt.path("results.json"), figures=figures, hypotheses=hypotheses)
         print("\n".join("\t".join(row) for row in rows), file=sys.stderr)
 
