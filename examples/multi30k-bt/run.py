@@ -1,5 +1,6 @@
 """Back-translation on Multi30k en->de: a de->en model back-translates in-domain German captions
-(data/multi30k-captions), then en->de trains on real + synthetic pairs; test_2016_flickr scored.
+(data/multi30k-captions), then en->de trains on real + synthetic pairs; val and test_2016_flickr
+scored (variants are chosen on val; test is only reported).
 
     python examples/multi30k-bt/run.py [--minutes N] [--reverse-minutes M] [--out DIR] [--baseline]
         [--side-by-side] [--bt sample|beam|noise] [--no-tag] [--captions K] [--real-weight W]
@@ -8,10 +9,11 @@
 
 README.md here describes each step and option. Flags after -- go to nmt-train for both en->de models
 (the baseline and the final model, so the comparison stays equal), not to the de->en model. The
-model scored last is left at DIR/model.pt; every score in DIR/scores.tsv. Steps done before are
-skipped, so variants run one after another reuse the de->en model, the back-translation and the
-baseline; what each step was made with is in DIR/recipe.json, and a step over one made with other
-settings (--minutes, --reverse-minutes, --reverse-flags, flags after --, another --reverse-bt or
+model scored last is left at DIR/model.pt; every score in DIR/scores.tsv and DIR/results.json, with
+the hypothesis and reference files they were computed from. Steps done before are skipped, so
+variants run one after another reuse the de->en model, the back-translation and the baseline; what
+each step was made with is in DIR/recipe.json, and a step over one made with other settings
+(--minutes, --reverse-minutes, --reverse-flags, flags after --, another --reverse-bt or
 --forward-translate model) is refused in one line before anything runs.
 """
 
