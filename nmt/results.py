@@ -128,12 +128,18 @@ def write_results(
             name: os.path.relpath(os.path.abspath(p), directory) for name, p in hypotheses.items()
         },
     )
+    save_results(results)
+    return results
+
+
+def save_results(results: Results) -> None:
+    """Write ``results`` to its ``path`` atomically, as it is (a published copy keeps the
+    command, revision, machine and date of the run that measured it)."""
     record = {"results_version": RESULTS_VERSION, **_fields(results)}
-    os.makedirs(directory, exist_ok=True)
-    with atomic_write(path, "w", encoding="utf-8") as handle:
+    os.makedirs(os.path.dirname(os.path.abspath(results.path)), exist_ok=True)
+    with atomic_write(results.path, "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=1, sort_keys=False, allow_nan=False)
         handle.write("\n")
-    return results
 
 
 def _fields(results: Results) -> dict[str, Any]:

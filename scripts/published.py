@@ -3,6 +3,9 @@
     python scripts/published.py            # rewrite every marked block from results/*.json
     python scripts/published.py --check    # change nothing; exit 1 naming each block that differs
                                            # and each figure typed without a results file
+    python scripts/published.py --publish OUT/results.json NAME [--force]
+                                           # copy a run's results file and its hypotheses into
+                                           # results/NAME.json and results/NAME/
 
 A README marks what it publishes; the text between the markers is generated, never typed:
 
@@ -47,14 +50,16 @@ import functools
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from nmt.results import Results, read_results  # noqa: E402
+from nmt.fileio import atomic_write  # noqa: E402
+from nmt.results import Results, read_results, save_results  # noqa: E402
 
 BLOCK = re.compile(
     r"<!-- results:(?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.DOTALL
@@ -321,6 +326,56 @@ def _lines(results: Results, name: str) -> list[str]:
         raise ValueError(f"{path}: {error.strerror}") from None
 
 
+_NAME = re.compile(r"[\w-][\w.-]*")
+
+
+def publish(root: str, source: str, name: str, *, force: bool = False) -> Results:
+    """Copy the results file ``source`` to results/NAME.json and each hypothesis file it names to
+    results/NAME/HYPOTHESES.txt (its paths rewritten to them); what is there already stays unless
+    ``force``. The hypotheses are written first, so the results file never names a missing one."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"--publish NAME {name!r}: letters, digits, '_', '-' and '.' only")
+    results = read_results(source)
+    path = os.path.join(root, "results", f"{name}.json")
+    directory = os.path.join(root, "results", name)
+    for existing, shown in ((path, f"results/{name}.json"), (directory, f"results/{name}/")):
+        if os.path.lexists(existing) and not force:
+            raise ValueError(f"{shown}: already published (--force replaces it)")
+    if os.path.exists(path) and os.path.samefile(source, path):
+        raise ValueError(f"{source}: is results/{name}.json itself")
+    copies = {}
+    for hypothesis in results.hypotheses:
+        if not _NAME.fullmatch(hypothesis):
+            raise ValueError(f"{source}: hypotheses name {hypothesis!r} is not a file name")
+        original = results.hypothesis_path(hypothesis)
+        if not os.path.isfile(original):  # before anything is written: no half publication
+            raise ValueError(f"{original}: no such file (hypotheses {hypothesis!r} of {source})")
+        copies[hypothesis] = (original, f"{hypothesis}.txt")
+    os.makedirs(directory, exist_ok=True)
+    for original, copy in copies.values():
+        _copy(original, os.path.join(directory, copy))
+    published = replace(
+        results,
+        path=path,
+        hypotheses={hypothesis: f"{name}/{copy}" for hypothesis, (_, copy) in copies.items()},
+    )
+    save_results(published)
+    kept = {copy for _, copy in copies.values()}
+    for entry in os.listdir(directory):  # a replaced run's hypotheses the new one does not name
+        if entry not in kept and os.path.isfile(os.path.join(directory, entry)):
+            os.remove(os.path.join(directory, entry))
+    return published
+
+
+def _copy(source: str, destination: str) -> None:
+    try:
+        reader = open(source, "rb")
+    except OSError as error:
+        raise ValueError(f"{source}: {error.strerror}") from None
+    with reader, atomic_write(destination, "wb") as writer:
+        shutil.copyfileobj(reader, writer)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="published.py", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -329,9 +384,24 @@ def main(argv: list[str] | None = None) -> int:
         help="change nothing; exit 1 naming each block that differs (and, in both modes, each "
         "unbacked figure)",
     )
+    parser.add_argument(
+        "--publish",
+        nargs=2,
+        metavar=("RESULTS", "NAME"),
+        help="copy a run's results file to results/NAME.json and its hypotheses to results/NAME/",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="with --publish: replace what NAME published before"
+    )
     parser.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.force and not args.publish:
+        parser.error("--force goes with --publish")
+    if args.publish and args.check:
+        parser.error("--publish changes results/: not with --check")
     try:
+        if args.publish:
+            return _publish_command(args.root, *args.publish, force=args.force)
         differences = regenerate(args.root, write=not args.check)
         figures = unbacked(args.root)
     except (ValueError, OSError) as error:
@@ -354,6 +424,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return 1 if figures or (args.check and differences) else 0
+
+
+def _publish_command(root: str, source: str, name: str, *, force: bool) -> int:
+    results = publish(root, source, name, force=force)
+    print(
+        f"results/{name}.json: published from {source} ({results.date[:10]}, revision "
+        f"{results.revision[:12]}) with {len(results.hypotheses)} hypothesis files in "
+        f"results/{name}/; `python scripts/published.py` regenerates the READMEs from it"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from nmt.results import write_results
+from nmt.results import read_results, write_results
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "published.py"
@@ -300,3 +301,102 @@ def test_every_results_file_is_readable_and_used(tmp_path):
     names = {p.stem for p in (ROOT / "results").glob("*.json")}
     assert names <= used, f"results files published nowhere: {sorted(names - used)}"
     assert os.path.isdir(ROOT / "results")
+
+
+def _run(tmp_path: pathlib.Path, hypotheses: dict[str, list[str]], bleu: float) -> pathlib.Path:
+    """A recipe's output directory: OUT/results.json naming hypotheses in OUT/test/."""
+    out = tmp_path / "run"
+    (out / "test").mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, lines in hypotheses.items():
+        paths[name] = out / "test" / f"{name}.de"
+        paths[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_results(
+        str(out / "results.json"),
+        figures={"bleu": bleu},
+        hypotheses={name: str(path) for name, path in paths.items()},
+        command=["examples/multi30k/run.py", "--minutes", "12"],
+    )
+    return out / "results.json"
+
+
+def test_publish_copies_the_results_file_and_its_hypotheses_into_results(tmp_path):
+    reference = [f"ein Hund Nummer {i} ." for i in range(40)]
+    worse = [" ".join(line.split()[:2]) for line in reference]
+    source = _run(tmp_path, {"reference": reference, "base": worse, "system": reference}, 33.5)
+    root = tmp_path / "repo"
+    (root / "results").mkdir(parents=True)
+    published.publish(str(root), str(source), "multi30k")
+
+    original = json.loads(source.read_text(encoding="utf-8"))
+    copy = json.loads((root / "results" / "multi30k.json").read_text(encoding="utf-8"))
+    assert copy["hypotheses"] == {
+        name: f"multi30k/{name}.txt" for name in ("reference", "base", "system")
+    }
+    assert {k: v for k, v in copy.items() if k != "hypotheses"} == {
+        k: v for k, v in original.items() if k != "hypotheses"
+    }
+    assert (root / "results" / "multi30k" / "system.txt").read_bytes() == (
+        source.parent / "test" / "system.de"
+    ).read_bytes()
+
+    # The run's directory can go: the published figures come from results/ alone.
+    shutil.rmtree(source.parent)
+    (root / "README.md").write_text(
+        "BLEU <!-- figure:multi30k:bleu --><!-- /figure --> "
+        "(p = <!-- figure:multi30k:bootstrap-bleu:base:system --><!-- /figure -->)\n",
+        encoding="utf-8",
+    )
+    published.regenerate(str(root), write=True)
+    assert "-->33.50<" in (root / "README.md").read_text(encoding="utf-8")
+    assert "-->0.001<" in (root / "README.md").read_text(encoding="utf-8")
+
+
+def test_publish_replaces_a_publication_only_with_force(tmp_path):
+    root = tmp_path / "repo"
+    (root / "results").mkdir(parents=True)
+    first = _run(tmp_path / "first", {"reference": ["a"], "old": ["b"]}, 30.0)
+    published.publish(str(root), str(first), "bt")
+    before = (root / "results" / "bt.json").read_bytes()
+
+    second = _run(tmp_path / "second", {"reference": ["a"], "new": ["c"]}, 31.0)
+    with pytest.raises(ValueError, match=r"^results/bt.json: already published \(--force"):
+        published.publish(str(root), str(second), "bt")
+    assert (root / "results" / "bt.json").read_bytes() == before
+
+    published.publish(str(root), str(second), "bt", force=True)
+    assert read_results(str(root / "results" / "bt.json")).figures == {"bleu": 31.0}
+    # The first run's hypotheses that the second does not name are not left behind.
+    assert sorted(os.listdir(root / "results" / "bt")) == ["new.txt", "reference.txt"]
+
+
+def test_publish_refuses_in_one_line_and_writes_nothing(tmp_path):
+    root = tmp_path / "repo"
+    (root / "results").mkdir(parents=True)
+    source = _run(tmp_path, {"reference": ["a"], "system": ["b"]}, 30.0)
+    (source.parent / "test" / "system.de").unlink()
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), "--root", str(root), *args],
+            capture_output=True,
+            text=True,
+        )
+
+    for args, message in (
+        (["--publish", str(source), "m"], r"published.py: error: .*system.de: no such file"),
+        (["--publish", str(source), "../m"], r"published.py: error: --publish NAME '../m'"),
+        (
+            ["--publish", str(tmp_path / "none.json"), "m"],
+            r"published.py: error: .*none.json: No such",
+        ),
+    ):
+        result = run(*args)
+        assert result.returncode == 1
+        assert len(result.stderr.splitlines()) == 1 and re.match(message, result.stderr)
+    assert os.listdir(root / "results") == []
+
+    (source.parent / "test" / "system.de").write_text("b\n", encoding="utf-8")
+    result = run("--publish", str(source), "m")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"results/m.json: published from {source}")
