@@ -156,3 +156,35 @@ def test_gpu_recipe_results_score_its_val_and_test_hypotheses(bt_run, corpus, tm
             sacrebleu.corpus_chrf(hypotheses, references).score, abs=1e-9
         )
     assert f"test2016 BLEU {figures['bleu']:.2f} " in result.stdout
+
+
+def test_bt_scores_of_an_earlier_revision_are_refused_in_one_line(tmp_path):
+    """A --out whose scores.tsv has rows without val scores (written before val was scored) cannot
+    give a results file with val figures for every model: one line says so and where."""
+    spec = importlib.util.spec_from_file_location(
+        "multi30k_bt", ROOT / "examples" / "multi30k-bt" / "run.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bt)
+    scores = tmp_path / "scores.tsv"
+    scores.write_text(
+        "baseline\t5\t1140\t30.98\t54.20\t31.50\t55.10\nbt-sample-w0.5\t5\t1320\t26.64\t49.91\n"
+    )
+
+    with pytest.raises(ValueError) as refused:
+        bt.read_scores(str(scores))
+
+    assert str(refused.value) == (
+        f"{scores}:2: 5 columns, not 7 (scores of an earlier revision, without val): use another --out"
+    )
+    scores.write_text("baseline\t5\t1140\t30.98\t54.20\t31.50\t55.10\n")
+    (row,) = bt.read_scores(str(scores))
+    assert bt.score_figures(row) == {
+        "minutes": 5.0,
+        "updates": 1140,
+        "bleu": 30.98,
+        "chrf": 54.20,
+        "valid_bleu": 31.50,
+        "valid_chrf": 55.10,
+    }
