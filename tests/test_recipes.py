@@ -2,6 +2,7 @@
 real at tiny scale (a few hundred Multi30k pairs, a tiny model, a few updates)."""
 
 import gzip
+import importlib.util
 import json
 import os
 import pathlib
@@ -180,34 +181,92 @@ def test_multi30k_recipe_trains_scores_and_resumes_after_kill_9(tmp_path, corpus
     assert f"test2016 after 6 updates: BLEU {figures['bleu']:.2f}, " in again.stdout
 
 
+def _multilingual_recipe():
+    """examples/multi30k-multilingual/run.py as a module (its directory is not a package)."""
+    path = ROOT / "examples" / "multi30k-multilingual" / "run.py"
+    spec = importlib.util.spec_from_file_location("multilingual_recipe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_multilingual_selection_takes_the_highest_mean_and_the_first_of_a_tie():
+    choose = _multilingual_recipe().choose
+
+    def scores(*bleu: float) -> dict:
+        return {pair: {"bleu": value} for pair, value in zip(("en-de", "de-en"), bleu)}
+
+    assert choose({"a": scores(30, 10), "b": scores(9, 32), "c": scores(25, 14)}) == "b"
+    assert choose({"a": scores(20, 10), "b": scores(10, 20), "c": scores(0, 29)}) == "a"
+
+
 @pytest.mark.slow
-def test_multilingual_recipe_fills_its_table_and_refuses_another_budget(tmp_path, corpus):
+def test_multilingual_recipe_selects_on_val_scores_alike_and_reruns_only_evaluating(
+    tmp_path, corpus
+):
     out = tmp_path / "out"
+    pairs = ["en-de", "de-en", "en-fr", "fr-en", "en-cs", "cs-en"]
     common = [
         *("--out", str(out), "--corpus", str(corpus / "text"), "--beam", "1"),
-        *("--", "--max-update", "2", *TINY_MODEL),
+        *("--average-last", "2", "--", "--save-interval-updates", "1", *TINY_MODEL),
     ]
 
-    _run("multi30k-multilingual", "--minutes", "3", *common)
+    _run("multi30k-multilingual", "--max-update", "12", *common)
 
-    table = (out / "table.md").read_text().splitlines()
-    assert len(table) == 2 + 6 + 1
-    for row in table[2:8]:  # both systems scored in every direction
-        assert row.count(" | -") == 0, row
-    assert table[8].startswith("| de-fr (zero-shot) | ") and table[8].endswith("| - | - | - |")
-    figures = json.loads((out / "results.json").read_text())["figures"]
-    assert table[2].startswith(f"| en-de | {figures['multi']['en-de']['bleu']:.2f} | ")
-    assert sorted(figures) == ["cs-en", "de-en", "en-cs", "en-de", "en-fr", "fr-en", "multi"]
-    trained = (out / "multi" / "ckpt" / "checkpoint_last.pt").stat().st_mtime_ns
+    results = json.loads((out / "results.json").read_text())
+    figures = results["figures"]
+    selection = figures["selection"]
+    assert list(selection) == ["encoder-tag", "decoder-tag", "en-x-upsampled"]
+    means = {name: sum(s["bleu"] for s in found.values()) / 6 for name, found in selection.items()}
+    assert all(sorted(found) == sorted(pairs) for found in selection.values())
+    assert figures["chosen"] == next(name for name in means if means[name] == max(means.values()))
+    chosen = figures["chosen"]
+    assert figures["valid"]["multi"] == selection[chosen]
+    # Equal compute (U and U/6 updates) and one checkpoint rule: each model's 2 newest, averaged.
+    assert figures["updates"] == {
+        "multi": {name: 12 for name in selection},
+        "bilingual": {pair: 2 for pair in pairs},
+    }
+    for system, models in figures["checkpoints"].items():
+        for model, files in models.items():
+            ckpt = out / ("multi/" + model if system == "multi" else model) / "ckpt"
+            reached = figures["updates"][system][model]
+            assert [_updates(ckpt / name) for name in files] == [reached, reached - 1], model
+    # Every file scored is named, with a line per sentence; only the chosen candidate saw test.
+    hypotheses = results["hypotheses"]
+    for split in ("valid", "test"):
+        for pair in pairs:
+            assert {
+                f"{split} {system} {pair}" for system in ("multi", "bilingual", "reference")
+            } <= set(hypotheses)
+    assert {f"valid {name} {pair}" for name in selection for pair in pairs} <= set(hypotheses)
+    assert {"test multi de-fr", "test reference de-fr"} <= set(hypotheses)
+    assert not [name for name in hypotheses if name.split()[:2] == ["test", chosen]]
+    tested = {path.name.split(".")[1] for path in (out / "hypotheses").glob("test.*")}
+    assert tested == {chosen, "bilingual"}
+    for name, path in hypotheses.items():
+        assert len((out / path).read_text().splitlines()) == 20, name
+    # The scores are those of the named files: the same references for both systems.
+    references = (out / hypotheses["test reference en-cs"]).read_text().splitlines()
+    for system in ("multi", "bilingual"):
+        found = recipe.scores(str(out / hypotheses[f"test {system} en-cs"]), references)
+        assert found["bleu"] == figures["test"][system]["en-cs"]["bleu"]
+    table = (out / "table.md").read_text()
+    assert f"| **{chosen}** (chosen) | " in table and "| de-fr (zero-shot) | " in table
 
-    refused = _run("multi30k-multilingual", "--minutes", "6", *common, check=False)
+    trained = {path: path.stat().st_mtime_ns for path in out.glob("**/checkpoint*.pt")}
+    _run("multi30k-multilingual", "--max-update", "12", *common)  # only evaluates
+    assert {path: path.stat().st_mtime_ns for path in trained} == trained
+    assert json.loads((out / "results.json").read_text())["figures"] == figures
+
+    refused = _run("multi30k-multilingual", "--max-update", "18", *common, check=False)
 
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == [
-        f"examples/multi30k-multilingual/run.py: error: {out}: the multi model was made with "
-        "other settings (--minutes: 3.0 then, 6.0 now): use another --out"
+        f"examples/multi30k-multilingual/run.py: error: {out}: the encoder-tag model was made "
+        "with other settings (--max-update: 12 then, 18 now): use another --out"
     ]
-    assert (out / "multi" / "ckpt" / "checkpoint_last.pt").stat().st_mtime_ns == trained
+    assert {path: path.stat().st_mtime_ns for path in trained} == trained
 
 
 @pytest.mark.parametrize("minutes", ["abc", "0", "-5", "nan", "inf"])

@@ -1,21 +1,32 @@
 """One model for six directions (en<->de, en<->fr, en<->cs) against six bilingual models at equal
-compute: the multilingual model trains N minutes, each bilingual model N/6; then every direction of
-test_2016_flickr is translated (beam 5) and scored (cased sacreBLEU, chrF2, off-target %), and the
-multilingual model's zero-shot de->fr.
+compute, its settings chosen on validation data: every candidate of ``CANDIDATES`` trains U updates,
+translates Multi30k val in the six directions, and the one with the highest mean val BLEU (ties: the
+first declared) is the multilingual model; only it is translated on test_2016_flickr, beside six
+bilingual models of U/6 updates each, and its zero-shot de->fr. Test is only reported.
 
-    python examples/multi30k-multilingual/run.py [--minutes N] [--out DIR] [--lang-tok encoder|decoder]
+    python examples/multi30k-multilingual/run.py [--max-update U | --minutes N] [--out DIR]
         [--beam K] [--average-last K] [--multi-flags "FLAGS"] [--no-bilingual] [--corpus DIR]
         [-- nmt-train flags]
 
---multi-flags "FLAGS": nmt-train flags for the multilingual model only (split on spaces); flags
-after -- go to every model. Default for budgets of 30 minutes and more: a 192-wide model (FFN 768)
-with warm-up 1,200, and the directions out of English sampled twice as often (1.5 times from 60
-minutes: --upsample-directions), measured at 30 and 60 minutes (README); below that, "" (nmt-train's
-defaults). --average-last K: the multilingual model is scored on the average of its last K
-checkpoints (saved every 50 updates); default 5 for budgets of 20 minutes and more, else 1
-(checkpoint_last.pt). --no-bilingual: the multilingual model alone. The table goes to DIR/table.md.
-Re-running with the same --out keeps the datasets and resumes the runs (a finished run is only
-evaluated); another --minutes, --lang-tok or model flags over trained models is refused.
+Equal compute: the same model size and --max-tokens on both sides (nmt-train's defaults, or the flags
+after --, which go to every model), U updates for the multilingual model (default 1500) and U/6 for
+each bilingual one; with --minutes N instead, N minutes and N/6 (the machine's load then moves the
+compute each side gets). The multilingual vocabulary is joint over four languages, so its output
+layer, and only it, is a little larger. Equal footing: every model saves every 50 updates and keeps
+10, and every model is scored with the same checkpoint rule (--average-last K: its K newest
+checkpoints averaged; default 1, checkpoint_last.pt) and the same beam (--beam, default 5), on the
+same reference files. Scores: cased sacreBLEU, chrF2 and the off-target rate (%).
+
+--multi-flags "FLAGS": one multilingual candidate of these nmt-train flags (split on spaces) instead
+of the grid, so nothing is selected. --no-bilingual: the multilingual model alone.
+
+DIR/results.json: the figures (``selection``: candidate -> direction -> val scores; ``chosen``;
+``valid`` and ``test``: system ("multi", "bilingual") -> direction -> scores, test with the zero-shot
+direction; ``updates`` and ``checkpoints`` scored per model) and every hypothesis and reference file
+scored, named "SPLIT SYSTEM DIRECTION" (system: a candidate, "multi" for the chosen one, "bilingual",
+"reference"). DIR/table.md: the val table that chose and the test table that follows. Re-running with
+the same --out keeps the datasets and the trained models and evaluates again; another budget or
+other model flags over a trained model is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from nmt import recipe
@@ -33,189 +44,292 @@ ROOT = Path(__file__).resolve().parents[2]
 PAIRS = ("en-de", "de-en", "en-fr", "fr-en", "en-cs", "cs-en")
 LANGUAGES = sorted({lang for pair in PAIRS for lang in pair.split("-")})
 ZERO_SHOT = "de-fr"  # a direction never trained: the multilingual model only, with --zero-shot
+SPLITS = {"valid": "val", "test": "test_2016_flickr"}  # dataset split -> Multi30k file prefix
+# The multilingual settings tried, all of one cost per update (the same model, the same batches), so
+# that the budget buys every candidate the same compute.
+CANDIDATES: dict[str, list[str]] = {
+    "encoder-tag": ["--lang-tok", "encoder", "--sampling-temperature", "5"],
+    "decoder-tag": ["--lang-tok", "decoder", "--sampling-temperature", "5"],
+    # Each direction out of English is the only one into its language; the three into English
+    # share their target side.
+    "en-x-upsampled": [
+        *("--lang-tok", "encoder", "--sampling-temperature", "5"),
+        *("--upsample-directions", "en-de:2,en-fr:2,en-cs:2"),
+    ],
+}
+GIVEN = "multi-flags"  # the one candidate of --multi-flags
+MULTI, BILINGUAL, REFERENCE = "multi", "bilingual", "reference"
+CHECKPOINTING = ["--save-interval-updates", "50", "--keep-interval-updates", "10"]
+
+Scores = dict[str, float]
+
+
+def update_budget(text: str) -> int:
+    """argparse type of --max-update: each bilingual model gets a sixth, so at least 6."""
+    try:
+        updates = int(text)
+    except ValueError:
+        updates = 0
+    if updates < 6:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 6, not {text!r}")
+    return updates
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=recipe.positive_minutes, default=30.0)
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--max-update", type=update_budget, default=1500)
+    budget.add_argument("--minutes", type=recipe.positive_minutes, help="instead of updates")
     parser.add_argument("--out", default="runs/multi30k-multilingual")
-    parser.add_argument("--lang-tok", choices=("encoder", "decoder"), default="encoder")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument(
-        "--average-last", type=int, help="the multilingual model's checkpoints averaged"
+        "--average-last", type=int, default=1, help="checkpoints averaged, for every model"
     )
-    parser.add_argument("--multi-flags", help="nmt-train flags for the multilingual model only")
+    parser.add_argument("--multi-flags", help="one multilingual candidate instead of the grid")
     parser.add_argument("--no-bilingual", action="store_true", help="the multilingual model alone")
     parser.add_argument("--corpus", default=str(ROOT / "data" / "multi30k"), help="Multi30k's text")
     return parser
 
 
-def multi_flags(minutes: float) -> list[str]:
-    """The multilingual model's own flags by budget (README.md here has the runs behind them)."""
-    if minutes < 30:
-        # At 6 minutes the 128-wide default already wins all six directions.
-        return []
-    # The bilingual default's 128 dimensions, shared by four languages, lost 2 of 6 directions to
-    # the bilingual models at 30 minutes and 4 of 6 at 60; 192 dimensions, with the warm-up
-    # stretched 4x so that each direction's learning rate follows the bilingual model's inverse
-    # square root over the ~4x updates, win 6 and 5 in two runs at 30 and 5 at 60, none of the
-    # losses significant (the two changes were measured together, not apart).
-    wide = [
-        *("--encoder-embed-dim", "192", "--decoder-embed-dim", "192"),
-        *("--encoder-ffn-embed-dim", "768", "--decoder-ffn-embed-dim", "768"),
-        *("--warmup-updates", "1200"),
-    ]
-    # Each direction out of English is the only one into its language, while the three into English
-    # share their target side: sampled twice as often, en->X stopped losing (en-cs at 30 minutes,
-    # en-fr at 60) and X->en kept winning at 30. At 60 minutes x2 left fr-en tied; x1.5 gives the
-    # directions into English some samples back and wins all six.
-    factor = "1.5" if minutes >= 60 else "2"
-    upsampled = ",".join(f"{pair}:{factor}" for pair in PAIRS if pair.startswith("en-"))
-    return [*wide, "--upsample-directions", upsampled]
+def candidates(args: argparse.Namespace) -> dict[str, list[str]]:
+    if args.multi_flags is None:
+        return CANDIDATES
+    return {GIVEN: args.multi_flags.split()}
 
 
-def splits(corpus: str) -> list[str]:
-    return [
-        *("--trainpref", f"{corpus}/train", "--validpref", f"{corpus}/val"),
-        *("--testpref", f"{corpus}/test_2016_flickr"),
-    ]
+def budget(args: argparse.Namespace) -> tuple[str, float]:
+    """The recipe's budget option and its value."""
+    if args.minutes is not None:
+        return "--minutes", args.minutes
+    return "--max-update", args.max_update
 
 
-def steps(
-    args: argparse.Namespace, table: dict[str, dict[str, dict[str, float]]]
-) -> list[recipe.Step]:
-    """The datasets, the models, then every score into ``table`` (system -> direction -> scores)."""
+def budget_flags(args: argparse.Namespace, *, share: int) -> list[str]:
+    """nmt-train's budget flags for a model given 1/``share`` of the budget."""
+    option, value = budget(args)
+    if option == "--minutes":
+        return ["--stop-time-hours", str(value / 60 / share)]
+    return ["--max-update", str(int(value) // share)]
+
+
+def choose(selection: Mapping[str, Mapping[str, Scores]]) -> str:
+    """The candidate of the highest mean val BLEU over its directions; ties: the first declared."""
+    return max(selection, key=lambda name: mean_bleu(selection[name]))
+
+
+def mean_bleu(found: Mapping[str, Scores]) -> float:
+    return sum(scores["bleu"] for scores in found.values()) / len(found)
+
+
+class Layout:
+    """Where a run's files go under --out."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.multi_data = os.path.join(out, "multi", "data")
+
+    def model_dir(self, model: str) -> str:
+        """A candidate's (under multi/) or a bilingual direction's directory."""
+        return os.path.join(self.out, model if model in PAIRS else os.path.join("multi", model))
+
+    def data(self, model: str) -> str:
+        return os.path.join(self.out, model, "data") if model in PAIRS else self.multi_data
+
+    def ckpt(self, model: str) -> str:
+        return os.path.join(self.model_dir(model), "ckpt")
+
+    def hypotheses(self, split: str, model: str, pair: str) -> str:
+        return os.path.join(self.out, "hypotheses", f"{split}.{model}.{pair}.{pair[-2:]}")
+
+    def reference(self, split: str, pair: str) -> str:
+        return os.path.join(self.out, "references", f"{split}.{pair}.{pair[-2:]}")
+
+
+class Scoreboard:
+    """What the evaluation steps found: scores by split, model and direction, the files scored."""
+
+    def __init__(self) -> None:
+        self.scores: dict[str, dict[str, dict[str, Scores]]] = {}
+        self.hypotheses: dict[str, str] = {}  # "SPLIT SYSTEM DIRECTION" -> path
+        self.chosen = ""
+
+    def add(self, split: str, system: str, pair: str, path: str, scores: Scores) -> None:
+        self.scores.setdefault(split, {}).setdefault(system, {})[pair] = scores
+        self.hypotheses[f"{split} {system} {pair}"] = path
+
+
+def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
+    """The datasets, the models, the val scores, the choice, then the test scores into ``board``."""
     from nmt.eval.translate import read_references
     from nmt_cli import eval as nmt_eval
     from nmt_cli import preprocess as nmt_preprocess
     from nmt_cli import train as nmt_train
 
-    out, corpus = args.out, args.corpus
-    own_flags = multi_flags(args.minutes) if args.multi_flags is None else args.multi_flags.split()
-    count = recipe.average_last(minutes=args.minutes, given=args.average_last)
-    pairs = [] if args.no_bilingual else list(PAIRS)
+    layout, corpus = Layout(args.out), args.corpus
+    count = recipe.average_last(given=args.average_last)
+    grid = candidates(args)
+    bilingual = [] if args.no_bilingual else list(PAIRS)
+    option, value = budget(args)
 
     def preprocess(destdir: str, *options: str) -> recipe.Step:
         def run() -> None:
-            argv = [*options, *splits(corpus), "--destdir", destdir, "--overwrite"]
+            argv = [
+                *options,
+                *("--trainpref", f"{corpus}/train", "--validpref", f"{corpus}/{SPLITS['valid']}"),
+                *("--testpref", f"{corpus}/{SPLITS['test']}", "--destdir", destdir, "--overwrite"),
+            ]
             recipe.call("nmt-preprocess", nmt_preprocess.main, argv)
 
         output = os.path.join(destdir, "manifest.json")
         return recipe.Step(f"the dataset {destdir}", {"corpus": corpus}, [output], run)
 
-    def train(name: str, minutes: float, *flags: str) -> recipe.Step:
-        data, ckpt = os.path.join(out, name, "data"), os.path.join(out, name, "ckpt")
+    def train(model: str, share: int, flags: Sequence[str]) -> recipe.Step:
+        model_flags = [*CHECKPOINTING, *flags, *args.train_flags]
 
         def run() -> None:
             argv = [
-                *(data, "--save-dir", ckpt, "--stop-time-hours", str(minutes / 60)),
-                *("--no-epoch-checkpoints", "--log-file", os.path.join(out, name, "train.log")),
-                *flags,
-                *args.train_flags,
+                *(layout.data(model), "--save-dir", layout.ckpt(model)),
+                *budget_flags(args, share=share),
+                *("--no-epoch-checkpoints", "--log-file"),
+                *(os.path.join(layout.model_dir(model), "train.log"), *model_flags),
             ]
             recipe.call("nmt-train", nmt_train.main, argv)
 
         # Another budget over a trained model would be scored as the new one: nmt-train stops at
         # once under a shorter one and goes on from the old model under a longer one.
-        identity = {"--minutes": args.minutes, "model flags": [*flags, *args.train_flags]}
-        output = os.path.join(ckpt, "checkpoint_last.pt")
-        return recipe.Step(f"the {name} model", identity, [output], run)
+        output = os.path.join(layout.ckpt(model), "checkpoint_last.pt")
+        return recipe.Step(
+            f"the {model} model", {option: value, "model flags": model_flags}, [output], run
+        )
 
-    def score(
-        system: str, pair: str, argv: list[str], references: Callable[[], list[str]]
-    ) -> recipe.Step:
-        target = pair.split("-")[1]
-        hypotheses = hypothesis_path(out, system, pair)
+    written: dict[tuple[str, str], list[str]] = {}
+
+    def references(split: str, pair: str) -> list[str]:
+        """The lines every system of ``pair`` is scored against, written under --out once."""
+        if (split, pair) not in written:
+            if pair == ZERO_SHOT:
+                found = read_references(f"{corpus}/{SPLITS[split]}.{pair[-2:]}.gz")
+            else:
+                found = recipe.split_references(layout.multi_data, split, pair=pair)
+            path = layout.reference(split, pair)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.writelines(f"{line}\n" for line in found)
+            board.hypotheses[f"{split} {REFERENCE} {pair}"] = path
+            written[split, pair] = found
+        return written[split, pair]
+
+    def score(split: str, pair: str, system: str, model: Callable[[], str]) -> recipe.Step:
+        """``model`` (a candidate or a bilingual direction; a function: the chosen candidate is
+        known only once the val steps ran) translates ``pair`` of ``split`` by the common rule, and
+        its scores and hypotheses are ``system``'s."""
 
         def run() -> None:
+            name = model()
+            source, target = pair.split("-")
+            if pair == ZERO_SHOT:
+                where = ["--input", f"{corpus}/{SPLITS[split]}.{source}.gz", "--zero-shot"]
+            else:
+                where = [layout.data(name), "--split", split]
+            if name not in PAIRS:
+                where += ["-s", source, "-t", target]
+            hypotheses = layout.hypotheses(split, BILINGUAL if name in PAIRS else name, pair)
+            os.makedirs(os.path.dirname(hypotheses), exist_ok=True)
             recipe.call(
-                "nmt-eval", nmt_eval.main, [*argv, "--beam", str(args.beam), "--output", hypotheses]
+                "nmt-eval",
+                nmt_eval.main,
+                [
+                    *(*where, *recipe.weight_flags(layout.ckpt(name), count)),
+                    *("--beam", str(args.beam), "--output", hypotheses),
+                ],
             )
-            table.setdefault(system, {})[pair] = recipe.scores(
-                hypotheses, references(), target_lang=target, languages=LANGUAGES
-            )
+            wanted = references(split, pair)
+            if name in PAIRS and recipe.split_references(layout.data(name), split) != wanted:
+                raise ValueError(
+                    f"{layout.data(name)}: its {split} references differ from "
+                    f"{layout.multi_data}'s {pair}: the systems would not be scored alike"
+                )
+            found = recipe.scores(hypotheses, wanted, target_lang=target, languages=LANGUAGES)
+            board.add(split, system, pair, hypotheses, found)
 
         # Scored every time, as the models are now (a run that trained on is scored again).
-        return recipe.Step(f"{system} {pair}", {}, [], run, always=True)
+        return recipe.Step(f"{split} {system} {pair}", {}, [], run, always=True)
 
-    multi_data = os.path.join(out, "multi", "data")
-    multi_weights = recipe.weight_flags(os.path.join(out, "multi", "ckpt"), count)
-    found = [
-        preprocess(multi_data, "--lang-pairs", ",".join(PAIRS)),
-        train(
-            "multi",
-            args.minutes,
-            *("--lang-tok", args.lang_tok, "--sampling-temperature", "5"),
-            *("--save-interval-updates", "50", "--keep-interval-updates", "10"),
-            *own_flags,
-        ),
-    ]
-    for pair in pairs:
+    def select() -> None:
+        board.chosen = choose({name: board.scores["valid"][name] for name in grid})
+        for pair in PAIRS:  # the chosen candidate's val hypotheses are the multi system's
+            board.add(
+                "valid",
+                MULTI,
+                pair,
+                board.hypotheses[f"valid {board.chosen} {pair}"],
+                board.scores["valid"][board.chosen][pair],
+            )
+
+    found = [preprocess(layout.multi_data, "--lang-pairs", ",".join(PAIRS))]
+    found += [train(name, 1, flags) for name, flags in grid.items()]
+    for pair in bilingual:
         source, target = pair.split("-")
         found += [
-            preprocess(os.path.join(out, pair, "data"), "-s", source, "-t", target),
-            train(pair, args.minutes / 6),
+            preprocess(layout.data(pair), "-s", source, "-t", target),
+            train(pair, len(PAIRS), []),
         ]
-    for pair in PAIRS:
-        source, target = pair.split("-")
-        found.append(
-            score(
-                "multi",
-                pair,
-                [multi_data, *multi_weights, "--split", "test", "-s", source, "-t", target],
-                lambda pair=pair: recipe.split_references(multi_data, "test", pair=pair),
-            )
-        )
-        if pair in pairs:
-            data = os.path.join(out, pair, "data")
-            weights = recipe.weight_flags(os.path.join(out, pair, "ckpt"), 1)
-            found.append(
-                score(
-                    pair,
-                    pair,
-                    [data, *weights, "--split", "test"],
-                    lambda data=data: recipe.split_references(data, "test"),
-                )
-            )
-    source, target = ZERO_SHOT.split("-")
-    reference = f"{corpus}/test_2016_flickr.{target}.gz"
-    found.append(
-        score(
-            "multi",
-            ZERO_SHOT,
-            [
-                *(*multi_weights, "-s", source, "-t", target, "--zero-shot"),
-                *("--input", f"{corpus}/test_2016_flickr.{source}.gz", "--reference", reference),
-            ],
-            lambda: read_references(reference),
-        )
-    )
+    for name in grid:
+        found += [score("valid", pair, name, lambda name=name: name) for pair in PAIRS]
+    found += [score("valid", pair, BILINGUAL, lambda pair=pair: pair) for pair in bilingual]
+    found.append(recipe.Step("the choice", {}, [], select, always=True))
+    for pair in [*PAIRS, ZERO_SHOT]:
+        found.append(score("test", pair, MULTI, lambda: board.chosen))
+        if pair in bilingual:
+            found.append(score("test", pair, BILINGUAL, lambda pair=pair: pair))
     return found
 
 
-def hypothesis_path(out: str, system: str, pair: str) -> str:
-    return os.path.join(out, system, f"test.{pair}.hyp.{pair.split('-')[1]}")
+def cells(found: Scores | None) -> str:
+    if found is None:
+        return "- | - | -"
+    return f"{found['bleu']:.2f} | {found['chrf']:.2f} | {found['off_target']:.2f}"
 
 
-def markdown_table(table: dict[str, dict[str, dict[str, float]]]) -> str:
-    """The multilingual model's scores beside the bilingual ones, a row per direction."""
-
-    def cells(found: dict[str, float] | None) -> str:
-        if found is None:
-            return "- | - | -"
-        return f"{found['bleu']:.2f} | {found['chrf']:.2f} | {found['off_target']:.2f}"
-
+def selection_table(selection: Mapping[str, Mapping[str, Scores]], chosen: str) -> str:
+    """Val BLEU of every candidate in every direction and the mean that chose."""
     lines = [
-        "| direction | multilingual BLEU | chrF2 | off-target % | bilingual BLEU | chrF2 | off-target % |",
+        f"| val BLEU | {' | '.join(PAIRS)} | mean |",
+        f"| --- |{' ---: |' * (len(PAIRS) + 1)}",
+    ]
+    for name, found in selection.items():
+        label = f"**{name}** (chosen)" if name == chosen else name
+        row = " | ".join(f"{found[pair]['bleu']:.2f}" for pair in PAIRS)
+        lines.append(f"| {label} | {row} | {mean_bleu(found):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def test_table(test: Mapping[str, Mapping[str, Scores]]) -> str:
+    """The chosen multilingual model's test scores beside the bilingual ones, a row per direction."""
+    lines = [
+        "| test | multilingual BLEU | chrF2 | off-target % | bilingual BLEU | chrF2 | off-target % |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for pair in PAIRS:
-        bilingual = table.get(pair, {}).get(pair)
-        lines.append(f"| {pair} | {cells(table['multi'][pair])} | {cells(bilingual)} |")
-    lines.append(
-        f"| {ZERO_SHOT} (zero-shot) | {cells(table['multi'][ZERO_SHOT])} | {cells(None)} |"
-    )
+        bilingual = test.get(BILINGUAL, {}).get(pair)
+        lines.append(f"| {pair} | {cells(test[MULTI][pair])} | {cells(bilingual)} |")
+    lines.append(f"| {ZERO_SHOT} (zero-shot) | {cells(test[MULTI][ZERO_SHOT])} | {cells(None)} |")
     return "\n".join(lines) + "\n"
+
+
+def model_figures(args: argparse.Namespace, models: Mapping[str, Sequence[str]]) -> dict:
+    """Per system and model: the updates reached and the checkpoint files scored."""
+    layout, count = Layout(args.out), recipe.average_last(given=args.average_last)
+    updates: dict[str, dict[str, int]] = {}
+    checkpoints: dict[str, dict[str, list[str]]] = {}
+    for system, names in models.items():
+        for name in names:
+            ckpt = layout.ckpt(name)
+            last = os.path.join(ckpt, "checkpoint_last.pt")
+            updates.setdefault(system, {})[name] = recipe.num_updates(last)
+            files = [os.path.basename(path) for path in recipe.weight_paths(ckpt, count)]
+            checkpoints.setdefault(system, {})[name] = files
+    return {"updates": updates, "checkpoints": checkpoints}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,17 +338,43 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         from nmt.results import write_results
 
-        table: dict[str, dict[str, dict[str, float]]] = {}
-        recipe.run_steps(args.out, steps(args, table))
-        text = markdown_table(table)
+        board = Scoreboard()
+        recipe.run_steps(args.out, steps(args, board))
+        grid = candidates(args)
+        selection = {name: board.scores["valid"][name] for name in grid}
+        rule = (
+            "checkpoint_last.pt"
+            if args.average_last == 1
+            else f"the average of the last {args.average_last} checkpoints"
+        )
+        text = (
+            f"Chosen on val (highest mean BLEU, beam {args.beam}, {rule} of every model):\n\n"
+            f"{selection_table(selection, board.chosen)}\n"
+            f"Test, the chosen multilingual model ({board.chosen}) and the bilingual models:\n\n"
+            f"{test_table(board.scores['test'])}"
+        )
         with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as handle:
             handle.write(text)
-        hypotheses = {
-            f"{system} {pair}": hypothesis_path(args.out, system, pair)
-            for system, found in table.items()
-            for pair in found
+        bilingual = [] if args.no_bilingual else list(PAIRS)
+        figures = {
+            budget(args)[0].lstrip("-").replace("-", "_"): budget(args)[1],
+            "beam": args.beam,
+            "average_last": args.average_last,
+            "candidates": grid,
+            "selection": selection,
+            "chosen": board.chosen,
+            "valid": {
+                system: board.scores["valid"][system]
+                for system in (MULTI, BILINGUAL)
+                if system in board.scores["valid"]
+            },
+            "test": board.scores["test"],
+            "zero_shot": ZERO_SHOT,
+            **model_figures(args, {MULTI: list(grid), BILINGUAL: bilingual}),
         }
-        write_results(os.path.join(args.out, "results.json"), figures=table, hypotheses=hypotheses)
+        write_results(
+            os.path.join(args.out, "results.json"), figures=figures, hypotheses=board.hypotheses
+        )
         print(text, end="")
 
     return recipe.run_recipe(PROG, run)
