@@ -50,9 +50,13 @@ def test_every_command_formats_its_help() -> None:
 
 
 def script_options():
-    """The options of the recipes (examples/*/run.py) and of the benchmark scripts README quotes
-    figures from."""
-    scripts = [*(ROOT / "examples").glob("*/run.py"), *(ROOT / "benchmarks").glob("*.py")]
+    """The options of the recipes (examples/*/run.py), of the benchmark scripts README quotes
+    figures from, and of scripts/*.py (scripts/published.py --publish)."""
+    scripts = [
+        *(ROOT / "examples").glob("*/run.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+        *(ROOT / "scripts").glob("*.py"),
+    ]
     return {
         flag
         for path in scripts
