@@ -75,7 +75,8 @@ _FENCE = re.compile(
     r"^ {0,3}(?P<fence>`{3,}|~{3,}).*?^ {0,3}(?P=fence)[ \t]*$", re.DOTALL | re.MULTILINE
 )
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_CODE_SPAN = re.compile(r"(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`)", re.DOTALL)
+# A code span ends within its paragraph: a stray backtick hides no figure of the next one.
+_CODE_SPAN = re.compile(r"(?P<ticks>`+)(?!`)(?:(?!\n[ \t]*\n).)+?(?<!`)(?P=ticks)(?!`)", re.DOTALL)
 _LINK = re.compile(r"\]\([^)\s]*\)|<?https?://[^\s>)]+>?")
 _NUMBER = r"[+\-−±~]?\d+(?:,\d{3})*(?:\.\d+)?"
 _UNIT = (

@@ -241,6 +241,7 @@ def test_hypotheses_of_another_length_than_the_reference_are_named(tmp_path):
         ("defaults to dropout 0.1", "0.1"),
         ("a figure cut by the line: 12\nminutes of training", "12 minutes"),
         ("| model | updates |\n| --- | ---: |\n| baseline | **10,300** |", "10,300"),
+        ("a stray ` backtick\n\nthen 2.4x, and a `span` after", "2.4x"),
     ],
 )
 def test_a_figure_typed_into_prose_is_unbacked(prose, figure):
