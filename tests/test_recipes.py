@@ -237,26 +237,37 @@ def test_multilingual_recipe_selects_on_val_scores_alike_and_reruns_only_evaluat
     for split in ("valid", "test"):
         for pair in pairs:
             assert {
-                f"{split} {system} {pair}" for system in ("multi", "bilingual", "reference")
+                f"{split}.{system}.{pair}" for system in ("multi", "bilingual", "reference")
             } <= set(hypotheses)
-    assert {f"valid {name} {pair}" for name in selection for pair in pairs} <= set(hypotheses)
-    assert {"test multi de-fr", "test reference de-fr"} <= set(hypotheses)
-    assert not [name for name in hypotheses if name.split()[:2] == ["test", chosen]]
+    assert {f"valid.{name}.{pair}" for name in selection for pair in pairs} <= set(hypotheses)
+    assert {"test.multi.de-fr", "test.reference.de-fr"} <= set(hypotheses)
+    assert hypotheses["valid.multi.en-de"] == hypotheses[f"valid.{chosen}.en-de"]
+    assert not [name for name in hypotheses if name.startswith(f"test.{chosen}.")]
     tested = {path.name.split(".")[1] for path in (out / "hypotheses").glob("test.*")}
     assert tested == {chosen, "bilingual"}
     for name, path in hypotheses.items():
         assert len((out / path).read_text().splitlines()) == 20, name
     # The scores are those of the named files: the same references for both systems.
-    references = (out / hypotheses["test reference en-cs"]).read_text().splitlines()
+    references = (out / hypotheses["test.reference.en-cs"]).read_text().splitlines()
     for system in ("multi", "bilingual"):
-        found = recipe.scores(str(out / hypotheses[f"test {system} en-cs"]), references)
+        found = recipe.scores(str(out / hypotheses[f"test.{system}.en-cs"]), references)
         assert found["bleu"] == figures["test"][system]["en-cs"]["bleu"]
-    table = (out / "table.md").read_text()
-    assert f"| **{chosen}** (chosen) | " in table and "| de-fr (zero-shot) | " in table
+    rows = {(row[0], row[1]): row for row in figures["table"]["rows"]}
+    assert sorted(rows) == sorted(
+        [*(("val", name) for name in selection if name != chosen), ("val", f"{chosen} (chosen)")]
+        + [("val", "bilingual"), ("test", f"multilingual ({chosen})"), ("test", "bilingual")]
+    )
+    assert rows["val", f"{chosen} (chosen)"][-2] == f"{means[chosen]:.2f}"
+    assert rows["test", "bilingual"][2:4] == [
+        f"{figures['test']['bilingual'][pair]['bleu']:.2f}" for pair in ("en-de", "de-en")
+    ]
+    assert "| de-fr (zero-shot) | " in (out / "table.md").read_text()
 
-    trained = {path: path.stat().st_mtime_ns for path in out.glob("**/checkpoint*.pt")}
-    _run("multi30k-multilingual", "--max-update", "12", *common)  # only evaluates
-    assert {path: path.stat().st_mtime_ns for path in trained} == trained
+    # A rerun trains nothing and decodes nothing again: it scores the same files alike.
+    made = {path: path.stat().st_mtime_ns for path in out.glob("**/checkpoint*.pt")}
+    made.update({path: path.stat().st_mtime_ns for path in out.glob("hypotheses/*.??")})
+    _run("multi30k-multilingual", "--max-update", "12", *common)
+    assert {path: path.stat().st_mtime_ns for path in made} == made
     assert json.loads((out / "results.json").read_text())["figures"] == figures
 
     refused = _run("multi30k-multilingual", "--max-update", "18", *common, check=False)
@@ -266,7 +277,7 @@ def test_multilingual_recipe_selects_on_val_scores_alike_and_reruns_only_evaluat
         f"examples/multi30k-multilingual/run.py: error: {out}: the encoder-tag model was made "
         "with other settings (--max-update: 12 then, 18 now): use another --out"
     ]
-    assert {path: path.stat().st_mtime_ns for path in trained} == trained
+    assert {path: path.stat().st_mtime_ns for path in made} == made
 
 
 @pytest.mark.parametrize("minutes", ["abc", "0", "-5", "nan", "inf"])

@@ -32,10 +32,12 @@ other model flags over a trained model is refused.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from nmt import recipe
 
@@ -150,12 +152,46 @@ class Scoreboard:
 
     def __init__(self) -> None:
         self.scores: dict[str, dict[str, dict[str, Scores]]] = {}
-        self.hypotheses: dict[str, str] = {}  # "SPLIT SYSTEM DIRECTION" -> path
+        self.hypotheses: dict[str, str] = {}  # hypotheses_name() -> path
         self.chosen = ""
 
     def add(self, split: str, system: str, pair: str, path: str, scores: Scores) -> None:
         self.scores.setdefault(split, {}).setdefault(system, {})[pair] = scores
-        self.hypotheses[f"{split} {system} {pair}"] = path
+        self.hypotheses[hypotheses_name(split, system, pair)] = path
+
+
+def hypotheses_name(split: str, system: str, pair: str) -> str:
+    """A scored file's name in the results file: "valid.encoder-tag.en-de", "test.multi.de-fr",
+    "test.reference.en-de" (also a file name when scripts/published.py publishes it)."""
+    return f"{split}.{system}.{pair}"
+
+
+class Translations:
+    """Each hypothesis file's making (nmt-eval's flags, the weights' sha256), so that a rerun
+    scores the files of unchanged models without decoding again (minutes at beam 5)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.made_from: dict[str, Any] = {}
+        if os.path.exists(path):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    self.made_from = dict(json.load(handle))
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"{path}: not a record of translations ({error})") from None
+
+    def current(self, hypotheses: str, made_from: Mapping[str, Any]) -> bool:
+        found = self.made_from.get(os.path.basename(hypotheses))
+        return found == made_from and os.path.exists(hypotheses)
+
+    def record(self, hypotheses: str, made_from: Mapping[str, Any] | None) -> None:
+        """``hypotheses`` made from ``made_from``; None: being remade (a kill leaves it stale)."""
+        from nmt.fileio import atomic_write
+
+        self.made_from[os.path.basename(hypotheses)] = made_from
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with atomic_write(self.path, "w", encoding="utf-8") as handle:
+            json.dump(self.made_from, handle, indent=1)
 
 
 def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
@@ -203,6 +239,7 @@ def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
         )
 
     written: dict[tuple[str, str], list[str]] = {}
+    translations = Translations(os.path.join(args.out, "hypotheses", "made_from.json"))
 
     def references(split: str, pair: str) -> list[str]:
         """The lines every system of ``pair`` is scored against, written under --out once."""
@@ -215,7 +252,7 @@ def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as handle:
                 handle.writelines(f"{line}\n" for line in found)
-            board.hypotheses[f"{split} {REFERENCE} {pair}"] = path
+            board.hypotheses[hypotheses_name(split, REFERENCE, pair)] = path
             written[split, pair] = found
         return written[split, pair]
 
@@ -234,15 +271,16 @@ def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
             if name not in PAIRS:
                 where += ["-s", source, "-t", target]
             hypotheses = layout.hypotheses(split, BILINGUAL if name in PAIRS else name, pair)
-            os.makedirs(os.path.dirname(hypotheses), exist_ok=True)
-            recipe.call(
-                "nmt-eval",
-                nmt_eval.main,
-                [
-                    *(*where, *recipe.weight_flags(layout.ckpt(name), count)),
-                    *("--beam", str(args.beam), "--output", hypotheses),
-                ],
-            )
+            argv = [
+                *(*where, *recipe.weight_flags(layout.ckpt(name), count)),
+                *("--beam", str(args.beam), "--output", hypotheses),
+            ]
+            weights = recipe.weight_paths(layout.ckpt(name), count)
+            made_from = {"argv": argv, "sha256": [recipe.file_sha256(path) for path in weights]}
+            if not translations.current(hypotheses, made_from):
+                translations.record(hypotheses, None)
+                recipe.call("nmt-eval", nmt_eval.main, argv)
+                translations.record(hypotheses, made_from)
             wanted = references(split, pair)
             if name in PAIRS and recipe.split_references(layout.data(name), split) != wanted:
                 raise ValueError(
@@ -252,8 +290,9 @@ def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
             found = recipe.scores(hypotheses, wanted, target_lang=target, languages=LANGUAGES)
             board.add(split, system, pair, hypotheses, found)
 
-        # Scored every time, as the models are now (a run that trained on is scored again).
-        return recipe.Step(f"{split} {system} {pair}", {}, [], run, always=True)
+        # Scored every time, as the models are now; translated again only when the weights or
+        # nmt-eval's flags differ from those the hypotheses were made with.
+        return recipe.Step(hypotheses_name(split, system, pair), {}, [], run, always=True)
 
     def select() -> None:
         board.chosen = choose({name: board.scores["valid"][name] for name in grid})
@@ -262,7 +301,7 @@ def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
                 "valid",
                 MULTI,
                 pair,
-                board.hypotheses[f"valid {board.chosen} {pair}"],
+                board.hypotheses[hypotheses_name("valid", board.chosen, pair)],
                 board.scores["valid"][board.chosen][pair],
             )
 
@@ -291,17 +330,34 @@ def cells(found: Scores | None) -> str:
     return f"{found['bleu']:.2f} | {found['chrf']:.2f} | {found['off_target']:.2f}"
 
 
-def selection_table(selection: Mapping[str, Mapping[str, Scores]], chosen: str) -> str:
-    """Val BLEU of every candidate in every direction and the mean that chose."""
-    lines = [
-        f"| val BLEU | {' | '.join(PAIRS)} | mean |",
-        f"| --- |{' ---: |' * (len(PAIRS) + 1)}",
-    ]
-    for name, found in selection.items():
-        label = f"**{name}** (chosen)" if name == chosen else name
-        row = " | ".join(f"{found[pair]['bleu']:.2f}" for pair in PAIRS)
-        lines.append(f"| {label} | {row} | {mean_bleu(found):.2f} |")
-    return "\n".join(lines) + "\n"
+def bleu_table(board: Scoreboard, grid: Sequence[str]) -> dict[str, list]:
+    """BLEU of every candidate on val (the mean that chose), the bilingual models' beside them, and
+    of the chosen candidate and the bilingual models on test: ``figures.table``, which
+    scripts/published.py renders into the README."""
+    columns = ["split", "system", *PAIRS, "mean", f"{ZERO_SHOT} (zero-shot)"]
+    labels = {name: f"{name} (chosen)" if name == board.chosen else name for name in grid}
+    labels[BILINGUAL] = "bilingual"
+    rows = []
+    for split, systems in (("val", [*grid, BILINGUAL]), ("test", [MULTI, BILINGUAL])):
+        for system in systems:
+            found = board.scores["valid" if split == "val" else "test"].get(system)
+            if found is None:  # --no-bilingual
+                continue
+            bleu = [f"{found[pair]['bleu']:.2f}" for pair in PAIRS]
+            zero_shot = found.get(ZERO_SHOT)
+            rows.append(
+                [
+                    *(split, labels.get(system, f"multilingual ({board.chosen})"), *bleu),
+                    f"{mean_bleu({pair: found[pair] for pair in PAIRS}):.2f}",
+                    "-" if zero_shot is None else f"{zero_shot['bleu']:.2f}",
+                ]
+            )
+    return {"columns": columns, "rows": rows}
+
+
+def markdown(table: Mapping[str, list]) -> str:
+    lines = [table["columns"], ["---"] * len(table["columns"]), *table["rows"]]
+    return "".join(f"| {' | '.join(line)} |\n" for line in lines)
 
 
 def test_table(test: Mapping[str, Mapping[str, Scores]]) -> str:
@@ -342,14 +398,15 @@ def main(argv: list[str] | None = None) -> int:
         recipe.run_steps(args.out, steps(args, board))
         grid = candidates(args)
         selection = {name: board.scores["valid"][name] for name in grid}
+        table = bleu_table(board, list(grid))
         rule = (
             "checkpoint_last.pt"
             if args.average_last == 1
-            else f"the average of the last {args.average_last} checkpoints"
+            else f"the average of its last {args.average_last} checkpoints"
         )
         text = (
-            f"Chosen on val (highest mean BLEU, beam {args.beam}, {rule} of every model):\n\n"
-            f"{selection_table(selection, board.chosen)}\n"
+            f"BLEU (beam {args.beam}, every model scored with {rule}); the highest mean on val "
+            f"chose:\n\n{markdown(table)}\n"
             f"Test, the chosen multilingual model ({board.chosen}) and the bilingual models:\n\n"
             f"{test_table(board.scores['test'])}"
         )
@@ -370,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "test": board.scores["test"],
             "zero_shot": ZERO_SHOT,
+            "table": table,
             **model_figures(args, {MULTI: list(grid), BILINGUAL: bilingual}),
         }
         write_results(
