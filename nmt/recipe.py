@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,10 +86,18 @@ def file_sha256(path: str) -> str:
 
 def call(prog: str, main: Callable[[list[str]], int], argv: Sequence[str]) -> None:
     """A command's entry point in this process (nmt_cli.train.main...); it reports its own errors,
-    so a failure stops the recipe without another message."""
+    so a failure stops the recipe without another message. A command that a signal stopped early
+    (nmt-train saves and returns 0) stops the recipe as the signal would: its step is not done."""
+    from nmt.workers import interruption, last_stop_signal, stop_signals_noted
+
+    noted = stop_signals_noted()
     code = main([str(arg) for arg in argv])
+    if code > 128:  # stopped by a signal before it had anything to save (start-up)
+        raise interruption(code - 128)
     if code:
         raise StepFailed(f"{prog} exited with {code}")
+    if stop_signals_noted() > noted:
+        raise interruption(last_stop_signal())
 
 
 @dataclass
@@ -247,7 +256,7 @@ def parse_args(parser: Any, argv: Sequence[str] | None) -> Any:
 
 def run_recipe(prog: str, body: Callable[[], None]) -> int:
     """A recipe's exit status: its user errors as one line ``prog: error: ...`` (1); a command that
-    failed has reported itself (1); Ctrl+C 130."""
+    failed has reported itself (1); Ctrl+C 130, SIGTERM 143."""
     import sys
 
     from nmt.fileio import describe_os_error
@@ -260,9 +269,9 @@ def run_recipe(prog: str, body: Callable[[], None]) -> int:
         print(f"{prog}: error: {describe_os_error(error)}", file=sys.stderr)
     except StepFailed:
         pass
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # Ctrl+C, or SIGTERM as nmt.workers.Terminated
+        print(f"{prog}: {str(error) or 'interrupted'}: run it again to go on", file=sys.stderr)
+        return 128 + getattr(error, "signum", signal.SIGINT)
     else:
         return 0
     return 1

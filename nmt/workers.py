@@ -43,8 +43,30 @@ class Terminated(KeyboardInterrupt):
         return "terminated (SIGTERM)"
 
 
-def _interrupt(signum: int) -> KeyboardInterrupt:
+def interruption(signum: int) -> KeyboardInterrupt:
+    """What a stop signal raises: ``Terminated`` for SIGTERM, ``KeyboardInterrupt`` for SIGINT."""
     return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+# Stop signals a command acted on by finishing its work early and returning normally (nmt-train
+# saves and exits 0): a caller running the command in this process (nmt.recipe) must not take
+# the early end for a finished step.
+_signals_acted_on: list[int] = []
+
+
+def note_stop_signal(signum: int) -> None:
+    """``signum`` ended a command's work early, although it returns normally."""
+    _signals_acted_on.append(signum)
+
+
+def stop_signals_noted() -> int:
+    """How many stop signals commands of this process acted on (``note_stop_signal``) so far."""
+    return len(_signals_acted_on)
+
+
+def last_stop_signal() -> int:
+    """The last noted stop signal (SIGINT when none was noted)."""
+    return _signals_acted_on[-1] if _signals_acted_on else signal.SIGINT
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -93,7 +115,7 @@ class _StopState:
         self.received = signum
         if not self.deferring:
             self.raised = True
-            raise _interrupt(signum)
+            raise interruption(signum)
 
 
 _state: _StopState | None = None
@@ -118,7 +140,7 @@ def stop_on_signals() -> Iterator[None]:
     except Exception:
         if state.received is None:
             raise
-        raise _interrupt(state.received) from None
+        raise interruption(state.received) from None
     finally:
         _state = None
         for signum, handler in previous.items():
@@ -139,7 +161,7 @@ def signals_deferred() -> Iterator[None]:
         state.deferring -= 1
     if not state.deferring and state.received is not None and not state.raised:
         state.raised = True
-        raise _interrupt(state.received)
+        raise interruption(state.received)
 
 
 def run_in_child(function: Callable[[], _T], *, what: str) -> _T:

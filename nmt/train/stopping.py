@@ -16,6 +16,7 @@ import torch
 
 from nmt import dist
 from nmt.config import RunConfig
+from nmt.workers import note_stop_signal
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+        note_stop_signal(signum)
         logger.warning("received signal %d: stopping within seconds, after saving", signum)
 
     def __exit__(self, *exc: Any) -> None:
