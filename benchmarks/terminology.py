@@ -199,6 +199,10 @@ def main() -> None:
             hypotheses[file_name] = write_lines(
                 os.path.join(args.out_dir, f"{file_name}.txt"), outputs
             )
+        # The references beside the outputs: scripts/published.py's paired bootstrap reads them.
+        hypotheses[f"{name}.reference"] = write_lines(
+            os.path.join(args.out_dir, f"{name}.reference.txt"), references
+        )
         hypotheses[f"{name}.constraints"] = write_lines(
             os.path.join(args.out_dir, f"{name}.constraints.tsv"),
             ["\t".join(phrases) for phrases in result.constraints],

@@ -436,7 +436,6 @@ class TrainingDataPlan:
             else self._split(dataset, indices)
         )
         make = _BatchMaker(dataset, self)
-        src, tgt = np.asarray(dataset.src_lengths), np.asarray(dataset.tgt_lengths)
         micro = []
         for part_index, part in enumerate(parts):
             batch = ready if ready is not None else make(part)
@@ -446,7 +445,9 @@ class TrainingDataPlan:
                     batch=batch,
                     seed=micro_seed(self.seed, self.epoch_index, key, part_index),
                     dummy=part.size == 0,
-                    real_tokens=int(src[part].sum() + tgt[part].sum()),
+                    # The collated lengths, not the dataset's: a term-annotated source is
+                    # batched by its bound (room for the terms) but holds only what was drawn.
+                    real_tokens=int(batch["src_lengths"].sum() + batch["tgt_lengths"].sum()),
                     padded_tokens=batch["src_tokens"].numel() + batch["target"].numel(),
                 )
             )

@@ -155,6 +155,10 @@ def test_a_share_of_training_sources_carry_reference_phrases_within_the_budget(t
     for update in plan_for(tiny_data).updates():
         for micro in update.micro_batches:  # padded cost within the budget, tags counted
             assert micro.batch["src_tokens"].numel() <= MAX_TOKENS
+            # the logged padding counts what was drawn, not the bound batching made room for
+            source_tokens = int((micro.batch["src_tokens"] != 0).sum())
+            target_tokens = int((micro.batch["target"] != 0).sum())
+            assert micro.real_tokens == source_tokens + target_tokens <= micro.padded_tokens
     assert not any(tag in dataset.corpus[i][0].tolist() for i in range(len(dataset)))
 
 

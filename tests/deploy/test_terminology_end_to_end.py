@@ -274,8 +274,12 @@ def test_the_terminology_benchmark_adds_the_annotated_model_rows(
     printed = capsys.readouterr().out
     rows = ("plain", "constrained", "A-ct2 plain", "A-ct2 terms", "A-both")
     assert all(f"\nvalid  {row} " in printed for row in rows)
-    figures = json.loads((out_dir / "terminology.json").read_text(encoding="utf-8"))["figures"]
+    results = json.loads((out_dir / "terminology.json").read_text(encoding="utf-8"))
+    figures = results["figures"]
     valid = figures["valid"]
+    # the references travel with the hypotheses, for scripts/published.py's paired bootstrap
+    reference = (out_dir / results["hypotheses"]["valid.reference"]).read_text(encoding="utf-8")
+    assert len(reference.split("\n")[:-1]) == valid["sentences"]
     assert valid["constraint_phrases"] > 0
     # one model on both sides, unannotated: CTranslate2 int8 scores near the PyTorch beam
     assert abs(valid["A-ct2 plain"]["bleu"] - valid["plain"]["bleu"]) < 10
