@@ -462,12 +462,15 @@ def main(argv: list[str] | None = None) -> int:
         recipe.run_steps(args.out, bt.steps())
         rows = read_scores(bt.path("scores.tsv"))
         figures = {row[0]: score_figures(row) for row in rows}
+        # SPLIT.NAME and SPLIT.reference, file names (scripts/published.py --publish copies them),
+        # as the multilingual recipe names its own.
         hypotheses = {
-            **{name: bt.path(f"{name}.test.de") for name in figures},
-            **{f"valid {name}": bt.path(f"{name}.valid.de") for name in figures},
-            # The names scripts/published.py's paired bootstrap scores against.
-            "reference": bt.reference_paths()["test"],
-            "valid reference": bt.reference_paths()["valid"],
+            **{
+                f"{split}.{name}": bt.path(f"{name}.{split}.de")
+                for split in SPLITS
+                for name in figures
+            },
+            **{f"{split}.reference": path for split, path in bt.reference_paths().items()},
         }
         write_results(bt.path("results.json"), figures=figures, hypotheses=hypotheses)
         print("\n".join("\t".join(row) for row in rows), file=sys.stderr)
