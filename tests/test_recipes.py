@@ -290,6 +290,17 @@ def test_recipes_refuse_a_bad_budget_before_anything_runs(tmp_path, minutes):
         assert not out.exists()
 
 
+def test_multilingual_recipe_refuses_an_update_budget_without_a_sixth_for_each_bilingual_model(
+    tmp_path,
+):
+    out = tmp_path / "out"
+    result = _run("multi30k-multilingual", "--max-update", "5", "--out", str(out), check=False)
+
+    assert result.returncode == 2
+    assert "--max-update: must be a whole number of at least 6, not '5'" in result.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -154,6 +154,8 @@ class Scoreboard:
         self.scores: dict[str, dict[str, dict[str, Scores]]] = {}
         self.hypotheses: dict[str, str] = {}  # hypotheses_name() -> path
         self.chosen = ""
+        # "multi" or "bilingual" -> model -> the checkpoint files it was scored with
+        self.checkpoints: dict[str, dict[str, list[str]]] = {}
 
     def add(self, split: str, system: str, pair: str, path: str, scores: Scores) -> None:
         self.scores.setdefault(split, {}).setdefault(system, {})[pair] = scores
@@ -276,6 +278,8 @@ def steps(args: argparse.Namespace, board: Scoreboard) -> list[recipe.Step]:
                 *("--beam", str(args.beam), "--output", hypotheses),
             ]
             weights = recipe.weight_paths(layout.ckpt(name), count)
+            kind = BILINGUAL if name in PAIRS else MULTI
+            board.checkpoints.setdefault(kind, {})[name] = [os.path.basename(w) for w in weights]
             made_from = {"argv": argv, "sha256": [recipe.file_sha256(path) for path in weights]}
             if not translations.current(hypotheses, made_from):
                 translations.record(hypotheses, None)
@@ -373,19 +377,17 @@ def test_table(test: Mapping[str, Mapping[str, Scores]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_figures(args: argparse.Namespace, models: Mapping[str, Sequence[str]]) -> dict:
-    """Per system and model: the updates reached and the checkpoint files scored."""
-    layout, count = Layout(args.out), recipe.average_last(given=args.average_last)
-    updates: dict[str, dict[str, int]] = {}
-    checkpoints: dict[str, dict[str, list[str]]] = {}
-    for system, names in models.items():
-        for name in names:
-            ckpt = layout.ckpt(name)
-            last = os.path.join(ckpt, "checkpoint_last.pt")
-            updates.setdefault(system, {})[name] = recipe.num_updates(last)
-            files = [os.path.basename(path) for path in recipe.weight_paths(ckpt, count)]
-            checkpoints.setdefault(system, {})[name] = files
-    return {"updates": updates, "checkpoints": checkpoints}
+def updates(args: argparse.Namespace, models: Mapping[str, Sequence[str]]) -> dict:
+    """Per system ("multi", "bilingual") and model: the updates it reached."""
+    layout = Layout(args.out)
+    return {
+        system: {
+            name: recipe.num_updates(os.path.join(layout.ckpt(name), "checkpoint_last.pt"))
+            for name in names
+        }
+        for system, names in models.items()
+        if names
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as handle:
             handle.write(text)
         bilingual = [] if args.no_bilingual else list(PAIRS)
+        option, value = budget(args)
         figures = {
-            budget(args)[0].lstrip("-").replace("-", "_"): budget(args)[1],
+            option[2:].replace("-", "_"): value,
             "beam": args.beam,
             "average_last": args.average_last,
             "candidates": grid,
@@ -428,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             "test": board.scores["test"],
             "zero_shot": ZERO_SHOT,
             "table": table,
-            **model_figures(args, {MULTI: list(grid), BILINGUAL: bilingual}),
+            "updates": updates(args, {MULTI: list(grid), BILINGUAL: bilingual}),
+            "checkpoints": board.checkpoints,
         }
         write_results(
             os.path.join(args.out, "results.json"), figures=figures, hypotheses=board.hypotheses
