@@ -1,5 +1,6 @@
 """Every figure README.md and the example READMEs publish between markers is what its results file
-(results/*.json) gives: scripts/published.py --check, and that a changed figure fails it."""
+(results/*.json) gives, and none is typed into their prose without one: scripts/published.py
+--check, and that a changed or unbacked figure fails it; --publish."""
 
 import importlib.util
 import json
@@ -27,6 +28,11 @@ TABLE = {"columns": ["layout", "tok/s", "vs padded"], "rows": [["packed", "4,062
 def test_the_published_figures_equal_their_results_files():
     differences = published.regenerate(str(ROOT), write=False)
     assert not differences, "\n".join(map(str, differences)) + "\nrun: python scripts/published.py"
+
+
+def test_the_readmes_type_no_figure_without_a_results_file():
+    found = published.unbacked(str(ROOT))
+    assert not found, "\n".join(map(str, found)) + "\npublish each from a results file or remove it"
 
 
 def _repository(
