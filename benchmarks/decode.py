@@ -12,7 +12,7 @@ Then the cost of nmt-eval's fairseq-style extras (--format fairseq, --print-alig
 
 The last runs ``nmt-eval DATA --path P --split test --beam 5`` once per backend, in a fresh process
 each (the exports are made first when their directories do not exist): model size on disk, the whole
-process's wall time and peak resident memory, the decode's sentences/s and tokens/s (as nmt-eval
+process's wall time, CPU time (all its threads) and peak resident memory, the decode's sentences/s and tokens/s (as nmt-eval
 reports them), BLEU, and how many hypotheses are identical to PyTorch's; ratios against PyTorch.
 """
 
@@ -82,7 +82,8 @@ def run_process(
     batch_size: int,
     threads: int | None,
 ) -> dict[str, float]:
-    """One ``nmt-eval`` process: wall time, peak resident memory (of that child alone), its figures, BLEU."""
+    """One ``nmt-eval`` process: wall and CPU time, peak resident memory (of that child alone), its
+    figures, BLEU."""
     command = [
         sys.executable,
         "-m",
@@ -118,6 +119,8 @@ def run_process(
     bleu = re.search(r"BLEU = ([\d.]+)", out)
     return {
         "wall": wall,
+        # On shared cores the wall clock measures the other jobs too; the CPU seconds much less so.
+        "cpu": usage.ru_utime + usage.ru_stime,
         "decode": float(decode.group(1)),
         "sentences/s": float(decode.group(2)),
         "tokens/s": float(decode.group(3)),
@@ -165,8 +168,8 @@ def compare_backends(args: argparse.Namespace) -> list[list[str]]:
                     hypotheses[name] = handle.read().split("\n")[:-1]
     reference = results["torch"]
     print(
-        f"{'backend':>12}  {'size MiB':>8}  {'process s':>9}  {'decode s':>8}  {'sent/s':>7}  {'tokens/s':>8}  "
-        f"{'peak MiB':>8}  {'BLEU':>6}  {'= torch':>7}  {'process x':>9}  {'decode x':>8}"
+        f"{'backend':>12}  {'size MiB':>8}  {'process s':>9}  {'CPU s':>9}  {'decode s':>8}  {'sent/s':>7}  {'tokens/s':>8}  "
+        f"{'peak MiB':>8}  {'BLEU':>6}  {'= torch':>7}  {'process x':>9}  {'CPU x':>9}  {'decode x':>8}"
     )
     rows = []
     for name, path in backends:
@@ -174,15 +177,17 @@ def compare_backends(args: argparse.Namespace) -> list[list[str]]:
         same = sum(a == b for a, b in zip(hypotheses[name], hypotheses["torch"]))
         size = weights_mib(path) if name == "torch" else disk_mib(path)
         print(
-            f"{name:>12}  {size:>8.1f}  {r['wall']:>9.2f}  {r['decode']:>8.2f}  {r['sentences/s']:>7.1f}  {r['tokens/s']:>8.0f}  "
+            f"{name:>12}  {size:>8.1f}  {r['wall']:>9.2f}  {r['cpu']:>9.2f}  {r['decode']:>8.2f}  {r['sentences/s']:>7.1f}  {r['tokens/s']:>8.0f}  "
             f"{r['peak_mib']:>8.0f}  {r['bleu']:>6.2f}  {100 * same / len(hypotheses['torch']):>6.1f}%  "
-            f"{reference['wall'] / r['wall']:>8.2f}x  {r['sentences/s'] / reference['sentences/s']:>7.2f}x"
+            f"{reference['wall'] / r['wall']:>8.2f}x  {reference['cpu'] / r['cpu']:>8.2f}x  "
+            f"{r['sentences/s'] / reference['sentences/s']:>7.2f}x"
         )
         rows.append(
             [
                 name,
                 f"{size:.1f}",
                 f"{r['wall']:.2f}",
+                f"{r['cpu']:.2f}",
                 f"{r['decode']:.2f}",
                 f"{r['sentences/s']:.1f}",
             ]
@@ -190,6 +195,7 @@ def compare_backends(args: argparse.Namespace) -> list[list[str]]:
             + [
                 f"{100 * same / len(hypotheses['torch']):.1f}%",
                 f"{reference['wall'] / r['wall']:.2f}x",
+                f"{reference['cpu'] / r['cpu']:.2f}x",
             ]
             + [f"{r['sentences/s'] / reference['sentences/s']:.2f}x"]
         )
@@ -300,8 +306,8 @@ def main() -> None:
         columns = ["search", "batch", "seconds", "sent/s", "tokens/s", "BLEU", "batched vs 1"]
         tables["search"] = {"columns": columns, "rows": compare_search(args)}
     if not args.skip_backends:
-        columns = ["backend", "size MiB", "process s", "decode s", "sent/s", "tokens/s"]
-        columns += ["peak MiB", "BLEU", "= torch", "process x", "decode x"]
+        columns = ["backend", "size MiB", "process s", "CPU s", "decode s", "sent/s", "tokens/s"]
+        columns += ["peak MiB", "BLEU", "= torch", "process x", "CPU x", "decode x"]
         tables["backends"] = {"columns": columns, "rows": compare_backends(args)}
     if args.results:
         # One table per results file is published: the in-process search's when it ran.
