@@ -357,9 +357,11 @@ def test_bt_recipe_without_the_tag_scores_both_models(bt_run):
     assert (bt_run / "model.pt").is_file()
     results = json.loads((bt_run / "results.json").read_text())
     assert results["figures"]["baseline"]["bleu"] == float(rows[0][3])
+    # every model on val (where variants are chosen) and test (reported), with the references
     assert results["hypotheses"] == {
-        "baseline": "baseline.test.de",
-        rows[1][0]: f"{rows[1][0]}.test.de",
+        f"{split}.{name}": f"{name}.{split}.de"
+        for split in ("valid", "test")
+        for name in ("baseline", rows[1][0], "reference")
     }
     synthetic = (bt_run / "bt-beam-c1-ct2" / "manifest.json").read_text()
     assert "<bt>" not in synthetic  # tagged: its manifest names the source tag (test below)
