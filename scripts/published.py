@@ -306,6 +306,10 @@ def paired_bootstrap_p(
                 f"{results.hypothesis_path(name)}: {len(texts[name])} lines, the reference has "
                 f"{len(texts[reference])}"
             )
+    if texts[baseline] == texts[system]:
+        # No difference to test. sacreBLEU (after multeval) counts only strictly larger resampled
+        # differences, so it would give identical outputs its smallest p-value, 1/(resamples+1).
+        return 1.0
     test = PairedTest(
         [(baseline, texts[baseline]), (system, texts[system])],
         {metric: metrics[metric]()},

@@ -158,7 +158,8 @@ def test_a_comparative_claim_carries_the_paired_bootstrap_p_value_of_its_hypothe
         files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
     readme = (
         "wins (p = <!-- figure:bench:bootstrap-bleu:baseline:system --><!-- /figure -->), "
-        "tie (p = <!-- figure:bench:bootstrap-bleu:near:system --><!-- /figure -->)\n"
+        "tie (p = <!-- figure:bench:bootstrap-bleu:near:system --><!-- /figure -->), "
+        "itself (p = <!-- figure:bench:bootstrap-bleu:system:system --><!-- /figure -->)\n"
     )
     root = _repository(tmp_path, readme, {}, hypotheses={k: str(v) for k, v in files.items()})
     published.regenerate(str(root), write=True)
@@ -169,6 +170,8 @@ def test_a_comparative_claim_carries_the_paired_bootstrap_p_value_of_its_hypothe
     )
     tie = re.search(r"bootstrap-bleu:near:system -->(0\.\d{3})<", text)
     assert tie and float(tie[1]) > 0.05, text
+    # the same outputs differ by nothing (sacreBLEU alone would give them its smallest p-value)
+    assert "bootstrap-bleu:system:system -->1.000<" in text, text
 
 
 def test_each_direction_is_bootstrapped_against_its_own_reference(tmp_path):
