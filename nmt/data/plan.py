@@ -447,7 +447,9 @@ class TrainingDataPlan:
                     dummy=part.size == 0,
                     # The collated lengths, not the dataset's: a term-annotated source is
                     # batched by its bound (room for the terms) but holds only what was drawn.
-                    real_tokens=int(batch["src_lengths"].sum() + batch["tgt_lengths"].sum()),
+                    real_tokens=int(
+                        batch["src_lengths"].numpy().sum() + batch["tgt_lengths"].numpy().sum()
+                    ),
                     padded_tokens=batch["src_tokens"].numel() + batch["target"].numel(),
                 )
             )
