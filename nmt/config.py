@@ -739,6 +739,12 @@ class DataConfig:
         "after the <term> tag, so that the model learns to follow glossary terms (0: off)",
         identity="batch sequence",
     )
+    term_mask_rate: float = opt(
+        0.0,
+        "share of the source words of each --term-annotation-rate sample replaced by <unk>, so "
+        "that the model has to read the given terms rather than translate around them",
+        identity="batch sequence",
+    )
     epoch_samples: int = opt(
         0, "samples per epoch of the blend (0: the sum of corpus sizes)", identity="batch sequence"
     )
@@ -801,6 +807,16 @@ class DataConfig:
             0.0 <= self.term_annotation_rate <= 1.0,
             "term_annotation_rate",
             f"must be in [0, 1], got {self.term_annotation_rate}",
+        )
+        _require(
+            0.0 <= self.term_mask_rate < 1.0,
+            "term_mask_rate",
+            f"must be in [0, 1), got {self.term_mask_rate}",
+        )
+        _require(
+            not self.term_mask_rate or self.term_annotation_rate,
+            "term_mask_rate",
+            "masks the samples --term-annotation-rate annotates: set that too",
         )
         _require(
             self.batching.competence_updates == 0 or self.curriculum is not None,

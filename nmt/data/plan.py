@@ -209,7 +209,9 @@ class TrainingDataPlan:
         self._report_long_valid_pairs()
         # --term-annotation-rate: training sources only (validation measures plain input).
         self.terms = (
-            TermAnnotation.for_dataset(self.manifest, cfg.term_annotation_rate)
+            TermAnnotation.for_dataset(
+                self.manifest, cfg.term_annotation_rate, mask_rate=cfg.term_mask_rate
+            )
             if cfg.term_annotation_rate
             else None
         )

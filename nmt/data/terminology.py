@@ -7,8 +7,12 @@ of the vocabulary (a SentencePiece control symbol, so no typed text ever encodes
 
 - Training (``--term-annotation-rate R``): each epoch, a share R of the training samples get 1-2
   phrases of their own reference (whole words: 1-3 words, each starting at a ``▁`` piece) appended
-  that way, so the model learns to copy them. Which samples and which phrases is a function of
-  (seed, epoch, sample) only: any world size and any resume see the same batches.
+  that way, so the model learns to copy them. ``--term-mask-rate M`` also replaces a share M of
+  those samples' source words by ``<unk>``: a reference phrase is mostly predictable from the
+  source alone, so without masking the terms add little the model has to learn to read, and it
+  learns to ignore them (Ailem et al. 2021 mask the aligned source words; random words need no
+  alignment). Which samples, phrases and masked words is a function of (seed, epoch, sample)
+  only: any world size and any resume see the same batches.
 - Inference: a ``Glossary`` (source term -> target term) finds its source terms in a sentence
   (whole words, case-sensitive) and the target terms of those found are appended the same way.
 
@@ -27,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from nmt.data.manifest import Manifest
-from nmt.data.spm import EOS_ID, TERM_TAG, SentencePieceModel
+from nmt.data.spm import EOS_ID, TERM_TAG, UNK_ID, SentencePieceModel
 from nmt.data.text import read_raw_lines
 
 MAX_TRAINING_TERMS = 2  # phrases per annotated training sample: 1 or 2
@@ -61,6 +65,23 @@ def append_terms(source: np.ndarray, terms: Sequence[Sequence[int]], *, tag: int
     for term in terms:
         parts += [tag_ids, np.asarray(term, dtype=source.dtype)]
     return np.concatenate([*parts, source[-1:]])
+
+
+def mask_words(
+    source: np.ndarray, word_start: np.ndarray, rng: random.Random, *, rate: float
+) -> np.ndarray:
+    """``source`` (ids, EOS last) with each whole word (a ``▁`` piece and the pieces after it)
+    replaced by ``<unk>`` pieces with probability ``rate``; tags before the first word and EOS
+    stay."""
+    if rate == 0.0:
+        return source
+    body = source[:-1]
+    starts = np.flatnonzero(word_start[body]).tolist()
+    masked = source.copy()
+    for begin, end in zip(starts, [*starts[1:], body.shape[0]]):
+        if rng.random() < rate:
+            masked[begin:end] = UNK_ID
+    return masked
 
 
 def draw_phrases(
@@ -104,9 +125,10 @@ class TermAnnotation:
     rate: float
     tag: int  # the id of <term>
     word_start: np.ndarray  # (vocab,) bool
+    mask_rate: float = 0.0  # share of an annotated sample's source words replaced by <unk>
 
     @classmethod
-    def for_dataset(cls, manifest: Manifest, rate: float) -> TermAnnotation:
+    def for_dataset(cls, manifest: Manifest, rate: float, *, mask_rate: float = 0.0) -> TermAnnotation:
         """ValueError (one line naming the dataset) when its vocabulary cannot carry target terms."""
         if not manifest.spm.joint:
             raise ValueError(
@@ -120,7 +142,9 @@ class TermAnnotation:
                 f"--term-annotation-rate: {manifest.directory} has no {TERM_TAG} tag in its "
                 "vocabulary (preprocessed by an older nmt); run nmt-preprocess again"
             )
-        return cls(rate=rate, tag=spm.tags[TERM_TAG], word_start=word_starts(spm))
+        return cls(
+            rate=rate, tag=spm.tags[TERM_TAG], word_start=word_starts(spm), mask_rate=mask_rate
+        )
 
     def corpus(
         self, corpus: AnnotatedSource, *, seed: int, epoch: int, max_source_len: int | None = None
@@ -188,10 +212,14 @@ class TermAnnotatedCorpus:
         rng = random.Random(
             (_SALT << 192) | ((self.seed & _MASK) << 128) | ((self.epoch & _MASK) << 64) | index
         )
+        annotation = self.annotation
         phrases = draw_phrases(
-            tgt, self.annotation.word_start, rng, wanted=int(self.wanted[index]), room=room
+            tgt, annotation.word_start, rng, wanted=int(self.wanted[index]), room=room
         )
-        return append_terms(src, phrases, tag=self.annotation.tag), tgt
+        if not phrases:
+            return src, tgt
+        src = mask_words(src, annotation.word_start, rng, rate=annotation.mask_rate)
+        return append_terms(src, phrases, tag=annotation.tag), tgt
 
 
 # ----------------------------------------------------------------------------- glossaries

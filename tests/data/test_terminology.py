@@ -10,13 +10,14 @@ from nmt.config import BatchingConfig, DataConfig, PreprocessConfig
 from nmt.data import preprocess as preprocess_module
 from nmt.data.manifest import load_manifest
 from nmt.data.plan import TrainingDataPlan
-from nmt.data.spm import EOS_ID, TERM_TAG, SentencePieceModel, reserved_tags
+from nmt.data.spm import EOS_ID, TERM_TAG, UNK_ID, SentencePieceModel, reserved_tags
 from nmt.data.terminology import (
     MAX_ADDED_TOKENS,
     MAX_PHRASE_PIECES,
     Glossary,
     append_terms,
     draw_phrases,
+    mask_words,
     word_starts,
 )
 
@@ -25,11 +26,14 @@ from ..helpers import random_pairs, write_corpus
 MAX_TOKENS = 256
 
 
-def plan_for(data_dir, *, rate=0.5, world_size=1, rank=0, update_freq=1, num_workers=0, **batching):
+def plan_for(
+    data_dir, *, rate=0.5, mask=0.0, world_size=1, rank=0, update_freq=1, num_workers=0, **batching
+):
     return TrainingDataPlan(
         DataConfig(
             data_dir=data_dir,
             term_annotation_rate=rate,
+            term_mask_rate=mask,
             num_workers=num_workers,
             batching=BatchingConfig(
                 layout="padded", max_tokens=MAX_TOKENS, update_freq=update_freq, **batching
@@ -162,6 +166,48 @@ def test_a_share_of_training_sources_carry_reference_phrases_within_the_budget(t
     assert not any(tag in dataset.corpus[i][0].tolist() for i in range(len(dataset)))
 
 
+def test_mask_words_replaces_whole_words_and_keeps_tags_and_eos(tiny_data):
+    spm = spm_of(tiny_data)
+    starts = word_starts(spm)
+    tag = spm.tags[TERM_TAG]  # stands for a language tag before the first word
+    source = np.array([tag, *spm.encode(["der hundeschlitten sitzt auf matten"])[0], EOS_ID])
+    words = np.cumsum(starts[source]) - 1  # the word index of each piece (-1: before the first)
+    seen = set()
+    for seed in range(100):
+        masked = mask_words(source, starts, random.Random(seed), rate=0.5)
+        assert masked.shape == source.shape and masked[0] == tag and masked[-1] == EOS_ID
+        changed = masked != source
+        assert (masked[changed] == UNK_ID).all()
+        for word in range(words.max() + 1):  # a word is masked whole or not at all
+            assert len(set(changed[1:-1][words[1:-1] == word].tolist())) == 1
+        seen.add(int(changed.sum() > 0))
+    assert seen == {0, 1}
+    assert mask_words(source, starts, random.Random(0), rate=0.0) is source
+
+
+def test_masking_touches_only_annotated_sources_at_about_its_rate(tiny_data):
+    tag = spm_of(tiny_data).tags[TERM_TAG]
+    dataset = plan_for(tiny_data, rate=0.5, mask=0.4).current.dataset
+    unmasked = plan_for(tiny_data, rate=0.5).current.dataset
+    masked_pieces = pieces = 0
+    for i in range(len(dataset)):
+        source, target = dataset[i]
+        plain, terms = split_annotation(source.tolist(), tag)
+        same_draw, _ = unmasked[i]
+        assert split_annotation(same_draw.tolist(), tag)[1] == terms, "the same phrases"
+        original = dataset.corpus[i][0].tolist()
+        assert target.tolist() == dataset.corpus[i][1].tolist()
+        if not terms:
+            assert plain == original
+            continue
+        assert len(plain) == len(original)
+        for kept, was in zip(plain, original):
+            assert kept in (was, UNK_ID)
+        pieces += len(original) - 1
+        masked_pieces += sum(a != b for a, b in zip(plain, original))
+    assert 0.25 < masked_pieces / pieces < 0.55
+
+
 def test_rate_zero_leaves_the_plan_as_it_was(tiny_data):
     plain = TrainingDataPlan(
         DataConfig(data_dir=tiny_data, batching=BatchingConfig(layout="padded", max_tokens=256)),
@@ -234,9 +280,13 @@ def test_a_dataset_without_the_tag_is_refused_in_one_line(tmp_path, monkeypatch)
     assert "nmt-preprocess" in message
 
 
-def test_the_rate_is_a_share():
+def test_the_rates_are_shares_and_masking_needs_annotation():
     with pytest.raises(ValueError, match="--term-annotation-rate: must be in"):
         DataConfig(data_dir="x", term_annotation_rate=1.5)
+    with pytest.raises(ValueError, match="--term-mask-rate: must be in"):
+        DataConfig(data_dir="x", term_annotation_rate=0.5, term_mask_rate=1.0)
+    with pytest.raises(ValueError, match="--term-mask-rate: masks the samples"):
+        DataConfig(data_dir="x", term_mask_rate=0.3)
 
 
 # ----------------------------------------------------------------------------- glossaries
