@@ -128,7 +128,9 @@ class TermAnnotation:
     mask_rate: float = 0.0  # share of an annotated sample's source words replaced by <unk>
 
     @classmethod
-    def for_dataset(cls, manifest: Manifest, rate: float, *, mask_rate: float = 0.0) -> TermAnnotation:
+    def for_dataset(
+        cls, manifest: Manifest, rate: float, *, mask_rate: float = 0.0
+    ) -> TermAnnotation:
         """ValueError (one line naming the dataset) when its vocabulary cannot carry target terms."""
         if not manifest.spm.joint:
             raise ValueError(
