@@ -288,3 +288,54 @@ def test_the_terminology_benchmark_adds_the_annotated_model_rows(
     assert valid["constrained"]["terms"] == valid["A-both"]["terms"] == 100.0
     hypotheses = (out_dir / "valid.A-ct2-terms.txt").read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == valid["sentences"]
+
+
+def test_the_term_following_benchmark_scores_each_checkpoint_on_its_own_misses(
+    trained, tmp_path, monkeypatch, capsys
+) -> None:
+    """benchmarks/term_following.py: per checkpoint, phrases its plain output misses, given after
+    <term>; the figures are recomputable from the files it names."""
+    import json
+    import runpy
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    checkpoint = trained[0]
+    data_dir = str(Path(checkpoint).parent.parent / "data")
+    out_dir = tmp_path / "out"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["term_following.py", "--data", data_dir, "--beam", "2", "--out-dir", str(out_dir)]
+        + [f"first={checkpoint}", f"again={checkpoint}"],
+    )
+    runpy.run_path(str(benchmarks / "term_following.py"), run_name="__main__")
+    printed = capsys.readouterr().out
+    results = json.loads((out_dir / "term_following.json").read_text(encoding="utf-8"))
+    figures, files = results["figures"], results["hypotheses"]
+
+    def lines(name):
+        return (out_dir / files[name]).read_text(encoding="utf-8").split("\n")[:-1]
+
+    for name in ("first", "again"):
+        row = figures[name]
+        assert f"\n{name} " in printed and row["phrases"] > 0
+        phrases = [line.split("\t") if line else [] for line in lines(f"{name}.constraints")]
+        plain, terms = lines(f"{name}.plain"), lines(f"{name}.terms")
+        assert len(plain) == len(terms) == len(phrases) == len(lines("reference"))
+        assert not any(p in out for out, ps in zip(plain, phrases) for p in ps), "misses only"
+        found = sum(p in out for out, ps in zip(terms, phrases) for p in ps)
+        assert row["terms"] == pytest.approx(100.0 * found / row["phrases"])
+    assert figures["first"] == figures["again"], "one checkpoint, one row"
+
+
+def test_the_term_following_benchmark_names_a_bad_model_argument(monkeypatch) -> None:
+    import runpy
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    monkeypatch.setattr(sys, "argv", ["term_following.py", "checkpoint.pt"])
+    with pytest.raises(SystemExit, match="'checkpoint.pt': expected NAME=CHECKPOINT"):
+        runpy.run_path(str(benchmarks / "term_following.py"), run_name="__main__")
