@@ -24,6 +24,8 @@ from terminology import write_lines
 from nmt.eval.translate import Translator
 from nmt.results import write_results
 
+RESERVED = ("split", "beam", "batch_size", "seed", "table")  # the results file's other figures
+
 
 def parse_models(specs: list[str]) -> dict[str, str]:
     models = {}
@@ -31,6 +33,11 @@ def parse_models(specs: list[str]) -> dict[str, str]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise SystemExit(f"term_following.py: error: {spec!r}: expected NAME=CHECKPOINT")
+        if "." in name or name in RESERVED:
+            raise SystemExit(
+                f"term_following.py: error: {spec!r}: a NAME is a key of the results file: "
+                f"no '.', none of {', '.join(RESERVED)}"
+            )
         if name in models:
             raise SystemExit(f"term_following.py: error: the name {name!r} is given twice")
         models[name] = path
@@ -55,10 +62,10 @@ def main() -> None:
 
     figures: dict[str, object] = {"split": args.split, **options, "seed": args.seed}
     hypotheses: dict[str, str] = {}
-    print(
-        f"{'model':<16} {'phrases':>7} {'terms %':>8} {'all-terms sent %':>17} "
-        f"{'BLEU plain':>10} {'BLEU terms':>10} {'chrF2 plain':>11} {'chrF2 terms':>11}"
-    )
+    columns = ["model", "phrases", "terms %", "all-terms sent %", "BLEU plain", "BLEU terms"]
+    columns += ["chrF2 plain", "chrF2 terms"]
+    rows = []
+    print(f"{columns[0]:<16} " + " ".join(f"{c:>{len(c)}}" for c in columns[1:]))
     for name, path in models.items():
         translator = Translator.from_checkpoint(path, device=args.device)
         sources, references = split_with_references(args.data, args.split, translator)
@@ -81,10 +88,14 @@ def main() -> None:
             os.path.join(args.out_dir, f"{name}.constraints.tsv"), ["\t".join(p) for p in phrases]
         )
         figures[name] = row
+        rows.append(
+            [name, f"{row['phrases']:,}"]
+            + [f"{row[key]:.1f}" for key in ("terms", "all_terms_sentences")]
+            + [f"{row[key]:.2f}" for key in ("bleu_plain", "bleu_terms", "chrf2_plain")]
+            + [f"{row['chrf2_terms']:.2f}"]
+        )
         print(
-            f"{name:<16} {row['phrases']:>7} {row['terms']:>8.1f} "
-            f"{row['all_terms_sentences']:>17.1f} {row['bleu_plain']:>10.2f} "
-            f"{row['bleu_terms']:>10.2f} {row['chrf2_plain']:>11.2f} {row['chrf2_terms']:>11.2f}",
+            f"{name:<16} " + " ".join(f"{v:>{len(c)}}" for v, c in zip(rows[-1][1:], columns[1:])),
             flush=True,
         )
     hypotheses["reference"] = write_lines(os.path.join(args.out_dir, "reference.txt"), references)
@@ -92,6 +103,7 @@ def main() -> None:
         f"{args.data} {args.split}: beam {args.beam}, {args.device}, torch threads "
         f"{torch.get_num_threads()}, phrases seed {args.seed}"
     )
+    figures["table"] = {"columns": columns, "rows": rows}
     results = args.results or os.path.join(args.out_dir, "term_following.json")
     write_results(results, figures=figures, hypotheses=hypotheses)
     print(f"wrote {results}")

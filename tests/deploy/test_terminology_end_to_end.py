@@ -328,6 +328,9 @@ def test_the_term_following_benchmark_scores_each_checkpoint_on_its_own_misses(
         found = sum(p in out for out, ps in zip(terms, phrases) for p in ps)
         assert row["terms"] == pytest.approx(100.0 * found / row["phrases"])
     assert figures["first"] == figures["again"], "one checkpoint, one row"
+    table = figures["table"]
+    assert [row[0] for row in table["rows"]] == ["first", "again"]
+    assert table["rows"][0][2] == f"{figures['first']['terms']:.1f}"
 
 
 def test_the_term_following_benchmark_names_a_bad_model_argument(monkeypatch) -> None:
@@ -336,6 +339,11 @@ def test_the_term_following_benchmark_names_a_bad_model_argument(monkeypatch) ->
 
     benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
     monkeypatch.syspath_prepend(str(benchmarks))
-    monkeypatch.setattr(sys, "argv", ["term_following.py", "checkpoint.pt"])
-    with pytest.raises(SystemExit, match="'checkpoint.pt': expected NAME=CHECKPOINT"):
-        runpy.run_path(str(benchmarks / "term_following.py"), run_name="__main__")
+    for argument, message in [
+        ("checkpoint.pt", "'checkpoint.pt': expected NAME=CHECKPOINT"),
+        ("table=checkpoint.pt", "a NAME is a key of the results file"),
+        ("u1.6k=checkpoint.pt", "a NAME is a key of the results file"),
+    ]:
+        monkeypatch.setattr(sys, "argv", ["term_following.py", argument])
+        with pytest.raises(SystemExit, match=message):
+            runpy.run_path(str(benchmarks / "term_following.py"), run_name="__main__")
