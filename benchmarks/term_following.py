@@ -65,7 +65,8 @@ def main() -> None:
     columns = ["model", "phrases", "terms %", "all-terms sent %", "BLEU plain", "BLEU terms"]
     columns += ["chrF2 plain", "chrF2 terms"]
     rows = []
-    print(f"{columns[0]:<16} " + " ".join(f"{c:>{len(c)}}" for c in columns[1:]))
+    width = max(map(len, [columns[0], *models]))
+    print(f"{columns[0]:<{width}} " + " ".join(f"{c:>{len(c)}}" for c in columns[1:]))
     for name, path in models.items():
         translator = Translator.from_checkpoint(path, device=args.device)
         sources, references = split_with_references(args.data, args.split, translator)
@@ -95,7 +96,8 @@ def main() -> None:
             + [f"{row['chrf2_terms']:.2f}"]
         )
         print(
-            f"{name:<16} " + " ".join(f"{v:>{len(c)}}" for v, c in zip(rows[-1][1:], columns[1:])),
+            f"{name:<{width}} "
+            + " ".join(f"{v:>{len(c)}}" for v, c in zip(rows[-1][1:], columns[1:])),
             flush=True,
         )
     hypotheses["reference"] = write_lines(os.path.join(args.out_dir, "reference.txt"), references)
