@@ -71,11 +71,11 @@ def main() -> None:
         translator = Translator.from_checkpoint(path, device=args.device)
         sources, references = split_with_references(args.data, args.split, translator)
         outputs = {}
-        plain = translator.generate(list(sources), **options)
+        plain = translator.generate(list(sources), progress=True, **options)
         outputs["plain"] = [nbest[0].text for nbest in translator.detokenize(plain)]
         phrases = draw_constraints(references, outputs["plain"], seed=args.seed)
         annotated, _ = translator.apply_target_terms(sources, phrases, mode="annotate", what=name)
-        found = translator.generate(annotated, **options)
+        found = translator.generate(annotated, progress=True, **options)
         outputs["terms"] = [nbest[0].text for nbest in translator.detokenize(found)]
         row: dict[str, float] = {"phrases": sum(map(len, phrases))}
         for kind, texts in outputs.items():
