@@ -248,6 +248,19 @@ def test_annotating_constraints_needs_the_term_tag(trained, monkeypatch) -> None
     assert "\n" not in str(error.value)
 
 
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run_benchmark(monkeypatch, script: str, arguments: list[str]) -> None:
+    """benchmarks/SCRIPT as its command line runs it, with ``arguments``."""
+    import runpy
+    import sys
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", [script, *arguments])
+    runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+
+
 @pytest.mark.slow
 def test_the_terminology_benchmark_adds_the_annotated_model_rows(
     trained, tmp_path, monkeypatch, capsys
@@ -256,21 +269,16 @@ def test_the_terminology_benchmark_adds_the_annotated_model_rows(
     one table and one results file with the CTranslate2 rows and the "both" row."""
     pytest.importorskip("ctranslate2")
     import json
-    import runpy
-    import sys
 
-    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
     checkpoint = trained[0]
     data_dir = str(Path(checkpoint).parent.parent / "data")
     out_dir = tmp_path / "out"
-    monkeypatch.syspath_prepend(str(benchmarks))
-    monkeypatch.setattr(
-        sys,
-        "argv",
-        ["terminology.py", "--path", checkpoint, "--data", data_dir, "--splits", "valid"]
+    run_benchmark(
+        monkeypatch,
+        "terminology.py",
+        ["--path", checkpoint, "--data", data_dir, "--splits", "valid"]
         + ["--annotated-path", checkpoint, "--beam", "2", "--out-dir", str(out_dir)],
     )
-    runpy.run_path(str(benchmarks / "terminology.py"), run_name="__main__")
     printed = capsys.readouterr().out
     rows = ("plain", "constrained", "A-ct2 plain", "A-ct2 terms", "A-both")
     assert all(f"\nvalid  {row} " in printed for row in rows)
@@ -296,21 +304,16 @@ def test_the_term_following_benchmark_scores_each_checkpoint_on_its_own_misses(
     """benchmarks/term_following.py: per checkpoint, phrases its plain output misses, given after
     <term>; the figures are recomputable from the files it names."""
     import json
-    import runpy
-    import sys
 
-    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
     checkpoint = trained[0]
     data_dir = str(Path(checkpoint).parent.parent / "data")
     out_dir = tmp_path / "out"
-    monkeypatch.syspath_prepend(str(benchmarks))
-    monkeypatch.setattr(
-        sys,
-        "argv",
-        ["term_following.py", "--data", data_dir, "--beam", "2", "--out-dir", str(out_dir)]
+    run_benchmark(
+        monkeypatch,
+        "term_following.py",
+        ["--data", data_dir, "--beam", "2", "--out-dir", str(out_dir)]
         + [f"first={checkpoint}", f"again={checkpoint}"],
     )
-    runpy.run_path(str(benchmarks / "term_following.py"), run_name="__main__")
     printed = capsys.readouterr().out
     results = json.loads((out_dir / "term_following.json").read_text(encoding="utf-8"))
     figures, files = results["figures"], results["hypotheses"]
@@ -334,16 +337,10 @@ def test_the_term_following_benchmark_scores_each_checkpoint_on_its_own_misses(
 
 
 def test_the_term_following_benchmark_names_a_bad_model_argument(monkeypatch) -> None:
-    import runpy
-    import sys
-
-    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
-    monkeypatch.syspath_prepend(str(benchmarks))
     for argument, message in [
         ("checkpoint.pt", "'checkpoint.pt': expected NAME=CHECKPOINT"),
         ("table=checkpoint.pt", "a NAME is a key of the results file"),
         ("u1.6k=checkpoint.pt", "a NAME is a key of the results file"),
     ]:
-        monkeypatch.setattr(sys, "argv", ["term_following.py", argument])
         with pytest.raises(SystemExit, match=message):
-            runpy.run_path(str(benchmarks / "term_following.py"), run_name="__main__")
+            run_benchmark(monkeypatch, "term_following.py", [argument])
