@@ -68,8 +68,11 @@ def main() -> None:
     width = max(map(len, [columns[0], *models]))
     print(f"{columns[0]:<{width}} " + " ".join(f"{c:>{len(c)}}" for c in columns[1:]))
     for name, path in models.items():
-        translator = Translator.from_checkpoint(path, device=args.device)
-        sources, references = split_with_references(args.data, args.split, translator)
+        try:
+            translator = Translator.from_checkpoint(path, device=args.device)
+            sources, references = split_with_references(args.data, args.split, translator)
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"term_following.py: error: {name}: {error}") from None
         outputs = {}
         plain = translator.generate(list(sources), progress=True, **options)
         outputs["plain"] = [nbest[0].text for nbest in translator.detokenize(plain)]

@@ -261,18 +261,23 @@ def run_benchmark(monkeypatch, script: str, arguments: list[str]) -> None:
     runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
 
 
+@pytest.fixture
+def benchmark_inputs(trained, tmp_path):
+    """(the tiny checkpoint, its dataset directory, an output directory) for a benchmark run."""
+    checkpoint = trained[0]
+    return checkpoint, str(Path(checkpoint).parent.parent / "data"), tmp_path / "out"
+
+
 @pytest.mark.slow
 def test_the_terminology_benchmark_adds_the_annotated_model_rows(
-    trained, tmp_path, monkeypatch, capsys
+    benchmark_inputs, monkeypatch, capsys
 ) -> None:
     """benchmarks/terminology.py --annotated-path on the tiny model (plain and annotated alike):
     one table and one results file with the CTranslate2 rows and the "both" row."""
     pytest.importorskip("ctranslate2")
     import json
 
-    checkpoint = trained[0]
-    data_dir = str(Path(checkpoint).parent.parent / "data")
-    out_dir = tmp_path / "out"
+    checkpoint, data_dir, out_dir = benchmark_inputs
     run_benchmark(
         monkeypatch,
         "terminology.py",
@@ -299,15 +304,13 @@ def test_the_terminology_benchmark_adds_the_annotated_model_rows(
 
 
 def test_the_term_following_benchmark_scores_each_checkpoint_on_its_own_misses(
-    trained, tmp_path, monkeypatch, capsys
+    benchmark_inputs, monkeypatch, capsys
 ) -> None:
     """benchmarks/term_following.py: per checkpoint, phrases its plain output misses, given after
     <term>; the figures are recomputable from the files it names."""
     import json
 
-    checkpoint = trained[0]
-    data_dir = str(Path(checkpoint).parent.parent / "data")
-    out_dir = tmp_path / "out"
+    checkpoint, data_dir, out_dir = benchmark_inputs
     run_benchmark(
         monkeypatch,
         "term_following.py",
@@ -330,6 +333,7 @@ def test_the_term_following_benchmark_scores_each_checkpoint_on_its_own_misses(
         assert not any(p in out for out, ps in zip(plain, phrases) for p in ps), "misses only"
         found = sum(p in out for out, ps in zip(terms, phrases) for p in ps)
         assert row["terms"] == pytest.approx(100.0 * found / row["phrases"])
+        assert terms != plain, "the phrases reached the model"
     assert figures["first"] == figures["again"], "one checkpoint, one row"
     table = figures["table"]
     assert [row[0] for row in table["rows"]] == ["first", "again"]
@@ -341,6 +345,10 @@ def test_the_term_following_benchmark_names_a_bad_model_argument(monkeypatch) ->
         ("checkpoint.pt", "'checkpoint.pt': expected NAME=CHECKPOINT"),
         ("table=checkpoint.pt", "a NAME is a key of the results file"),
         ("u1.6k=checkpoint.pt", "a NAME is a key of the results file"),
+        (
+            "x=/nonexistent/checkpoint.pt",
+            "error: x: /nonexistent/checkpoint.pt: no such checkpoint",
+        ),
     ]:
         with pytest.raises(SystemExit, match=message):
             run_benchmark(monkeypatch, "term_following.py", [argument])
